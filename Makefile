@@ -1,0 +1,31 @@
+# The README's two set-up commands. Each creates the environment on a fresh machine first.
+# Without a GPU the CPU build of torch is installed before the project, so pip does not pull the
+# multi-GB CUDA build; with a GPU (nvidia-smi present) pip resolves torch as usual.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "no GPU found: installing the CPU build of torch"; \
+		$(PY) -m pip install -q --timeout 20 --retries 1 "torch==2.13.0" --extra-index-url $(TORCH_CPU_INDEX); \
+	fi
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sg-opt bench --target haste-rec --size small --device cpu
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

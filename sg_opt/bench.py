@@ -1,0 +1,57 @@
+"""`sg-opt bench`: step time of one target config through the worker, as a table or JSON."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from targets.worker_client import run_worker
+from targets.worker_protocol import WorkerRequest, WorkerResult
+
+
+def bench(target: str, size: str, overrides: dict[str, Any], device: str, steps: int, warmup: int,
+          phase_steps: int, timeout_s: float, threads: int | None = None) -> WorkerResult:
+    req = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device, steps=steps,
+                        warmup=warmup, phase_steps=phase_steps, threads=threads)
+    return run_worker(req, timeout_s=timeout_s)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def step_summary(step_s: list[float]) -> dict[str, float]:
+    return {"median_ms": 1e3 * statistics.median(step_s), "p10_ms": 1e3 * _quantile(step_s, 0.1),
+            "p90_ms": 1e3 * _quantile(step_s, 0.9), "mean_ms": 1e3 * statistics.fmean(step_s)}
+
+
+def render(result: WorkerResult, console: Console) -> None:
+    """Step-time, phase and counter tables for a successful bench result."""
+    data, env = result.bench, result.environment
+    summary = step_summary(data.step_s)
+    head = Table(title=f"{result.target} @ {result.size} on {env.device} ({env.device_name})")
+    for col in ("median ms", "p10 ms", "p90 ms", "steps", "samples/s", "final loss"):
+        head.add_column(col, justify="right")
+    head.add_row(f"{summary['median_ms']:.2f}", f"{summary['p10_ms']:.2f}", f"{summary['p90_ms']:.2f}",
+                 str(len(data.step_s)), f"{data.samples_per_step / (summary['median_ms'] / 1e3):,.0f}",
+                 f"{data.final_loss:.4g}")
+    console.print(head)
+    phases = Table(title="time per phase (synchronised pass)")
+    phases.add_column("phase")
+    phases.add_column("ms / step", justify="right")
+    phases.add_column("share", justify="right")
+    total = sum(data.phase_s.values()) or 1.0
+    for name, seconds in data.phase_s.items():
+        phases.add_row(name, f"{1e3 * seconds:.2f}", f"{100 * seconds / total:.0f}%")
+    console.print(phases)
+    if data.counters:
+        counters = Table(title="counters")
+        counters.add_column("counter")
+        counters.add_column("value", justify="right")
+        for name, value in data.counters.items():
+            counters.add_row(name, f"{value:,.4g}")
+        console.print(counters)

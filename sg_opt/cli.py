@@ -1,0 +1,101 @@
+"""The `sg-opt` command line. Errors a user can cause end in one sentence and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from targets.protocol import ConfigError, Target
+from targets.registry import known_targets, resolve_target
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="sg-opt: make sparse-model training faster without changing what it computes.")
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_USAGE = 2
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _knob_table(target: Target) -> Table:
+    table = Table(title=f"{target.name}: {target.description}", show_lines=False)
+    for col in ("knob", "default", "domain", "category", "numerics", "why"):
+        table.add_column(col, overflow="fold")
+    for knob in target.knob_space:
+        table.add_row(knob.name, str(knob.default), knob.domain(), knob.category, knob.numerics, knob.why)
+    return table
+
+
+@app.command()
+def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List the targets sg-opt knows, with their sizes, kernel slots and knobs."""
+    found = []
+    for name in known_targets():
+        try:
+            found.append(resolve_target(name))
+        except ConfigError as exc:
+            err_console.print(f"[yellow]skipped:[/] {exc}")
+    if as_json:
+        print(json.dumps([{"name": t.name, "description": t.description, "sizes": list(t.sizes),
+                           "phases": list(t.phases), "kernel_slots": [s.name for s in t.kernel_slots],
+                           "knobs": [k.to_dict() for k in t.knob_space]} for t in found], indent=1))
+        return
+    for target in found:
+        console.print(_knob_table(target))
+        console.print(f"sizes: {', '.join(target.sizes)}   kernel slots: "
+                      f"{', '.join(s.name for s in target.kernel_slots) or '-'}\n")
+
+
+@app.command()
+def bench(
+    target: str = typer.Option("haste-rec", help="built-in name, entry point name, or module:attr"),
+    size: str = typer.Option("small", help="size preset of the target"),
+    config: Optional[str] = typer.Option(None, "--config", help="TOML file of knob values"),
+    set_: list[str] = typer.Option([], "--set", help="knob=value, repeatable"),
+    device: str = typer.Option("cpu", help="cpu or cuda"),
+    steps: int = typer.Option(20, min=1, help="timed steps"),
+    warmup: int = typer.Option(5, min=0, help="untimed steps first"),
+    phase_steps: int = typer.Option(5, min=0, help="steps of the synchronised per-phase pass"),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads in the worker"),
+    timeout: float = typer.Option(1800.0, help="seconds before the worker is killed"),
+    as_json: bool = typer.Option(False, "--json", help="print the worker's JSON result"),
+) -> None:
+    """Time training steps of one target config in a worker process."""
+    from sg_opt.bench import bench as run_bench, render
+    from sg_opt.config import build_overrides
+
+    try:
+        resolved = resolve_target(target)
+        resolved.check_size(size)
+        overrides = build_overrides(resolved.knob_space, config, set_)
+    except ConfigError as exc:
+        fail(str(exc))
+    with console.status(f"benchmarking {target} @ {size} on {device} ..."):
+        result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads)
+    if as_json:
+        print(result.model_dump_json(indent=1))
+    if not result.ok:
+        fail(f"{result.failure.kind}: {result.failure.message}", code=EXIT_USAGE if result.failure.kind == "config" else 1)
+    if not as_json:
+        render(result, console)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

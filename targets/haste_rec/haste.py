@@ -1,0 +1,250 @@
+"""The HASTE output layer: a dense head plus a group-shared fixed fan-in tail.
+
+HASTE (ICML 2026) splits the label space: the most frequent labels get an ordinary dense Linear
+(the head); the rest are packed into K groups of G labels, and every group reads ONE set I_k of F
+input dims shared by its labels, so the tail costs K*G*F weights instead of n_tail*H. Groups are
+periodically rewired (lowest-magnitude fan-in dims pruned, random new ones grown).
+
+The tail runs on one of two backends: "torch" differentiates through the reference gather+einsum
+(the baseline), "slots" runs an autograd Function over the tail's kernel slots, so kernels that
+sg-opt swaps in (``kernels``) are used in training. Logits come in INTERNAL order: head labels,
+then the tail groups flattened k-major with padding columns; the label maps translate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+from targets.protocol import ConfigError
+from targets.haste_rec.tail_slots import TORCH_TAIL_IMPLS, random_fan_in, tail_forward
+
+BACKENDS = ("torch", "slots")
+
+
+# ----------------------------------------------------------------------------- slots backend
+
+def _expect(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{what}: expected shape {shape}, got {tuple(tensor.shape)}")
+
+
+def _check_tail_operands(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                         bias: torch.Tensor | None) -> None:
+    """Shapes, dtypes and devices of one tail call agree, or ValueError says which does not."""
+    groups, size, fan_in = w.shape
+    if h.dim() != 2:
+        raise ValueError(f"tail input must be [B, Ht], got {tuple(h.shape)}")
+    _expect(idx, (groups, fan_in), "tail fan-in index")
+    if bias is not None:
+        _expect(bias, (groups, size), "tail bias")
+    if idx.dtype != torch.int64:
+        raise ValueError(f"tail fan-in index must be int64, got {idx.dtype}")
+    for name, t in (("weight", w), ("bias", bias)):
+        if t is not None and (t.dtype != h.dtype or t.device != h.device):
+            raise ValueError(f"tail {name} is {t.dtype} on {t.device}, input is {h.dtype} on {h.device}")
+
+
+class SlotTail(torch.autograd.Function):
+    """The tail's forward and backward, each through a kernel slot implementation."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
+                kernels: Mapping[str, Callable]) -> torch.Tensor:
+        _check_tail_operands(h, idx, w, bias)
+        h, w, idx = h.contiguous(), w.contiguous(), idx.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        groups, size, _ = w.shape
+        z = kernels["tail_forward"](h, idx, w, bias)
+        _expect(z, (h.shape[0], groups * size), "tail_forward output")
+        ctx.save_for_backward(h, w, idx)
+        ctx.kernels = kernels
+        ctx.has_bias = bias is not None
+        return z
+
+    @staticmethod
+    def backward(ctx, dz: torch.Tensor):
+        h, w, idx = ctx.saved_tensors
+        dz = dz.contiguous()
+        groups, size, _ = w.shape
+        dh = dw = dbias = None
+        if ctx.needs_input_grad[0]:
+            dh = ctx.kernels["tail_backward_input"](dz, idx, w, h.shape[1])
+            _expect(dh, tuple(h.shape), "tail_backward_input output")
+        if ctx.needs_input_grad[1]:
+            dw = ctx.kernels["tail_backward_weight"](dz, h, idx)
+            _expect(dw, tuple(w.shape), "tail_backward_weight output")
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            dbias = dz.reshape(-1, groups, size).sum(0)
+        return dh, dw, dbias, None, None
+
+
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype in force on this device type, or None."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
+def _resolve_kernels(backend: str, kernels: Mapping[str, Callable] | None) -> dict[str, Callable]:
+    if backend not in BACKENDS:
+        raise ConfigError(f"HASTE backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if kernels and backend != "slots":
+        raise ConfigError("kernel overrides of the HASTE tail need backend 'slots'")
+    unknown = sorted(set(kernels or {}) - set(TORCH_TAIL_IMPLS))
+    if unknown:
+        raise ConfigError(f"unknown HASTE tail kernel slot(s) {', '.join(unknown)}; "
+                          f"known: {', '.join(TORCH_TAIL_IMPLS)}")
+    return {**TORCH_TAIL_IMPLS, **(kernels or {})}
+
+
+# ----------------------------------------------------------------------------- label maps
+
+def _label_maps(head_labels: torch.Tensor, tail_groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(internal_label [n_internal], internal_position [L]); head+tail must be a permutation of 0..L-1."""
+    if head_labels.numel() and int(head_labels.min()) < 0:
+        raise ConfigError("head label ids must be non-negative; only tail groups hold padding (-1)")
+    internal_label = torch.cat([head_labels.reshape(-1).cpu(), tail_groups.reshape(-1).cpu()]).to(torch.int64)
+    labels = internal_label[internal_label >= 0]
+    num_labels = labels.numel()
+    if labels.unique().numel() != num_labels or (num_labels and int(labels.max()) != num_labels - 1):
+        raise ConfigError("head and tail labels must together hold every label id 0..L-1 exactly once")
+    position = torch.empty(num_labels, dtype=torch.int64)
+    position[labels] = torch.nonzero(internal_label >= 0).flatten()
+    return internal_label, position
+
+
+# ----------------------------------------------------------------------------- the layer
+
+class HasteOutput(nn.Module):
+    """Dense head Linear(H, n_head) plus a group-shared fixed fan-in tail over the first tail_dims dims."""
+
+    def __init__(self, hidden: int, tail_dims: int, head_labels: torch.Tensor, tail_groups: torch.Tensor,
+                 fan_in: int, backend: str = "torch", kernels: Mapping[str, Callable] | None = None,
+                 seed: int = 0) -> None:
+        super().__init__()
+        if tail_groups.dim() != 2 or tail_groups.shape[0] < 1:
+            raise ConfigError("HASTE tail groups must be a [K, G] tensor with at least one group")
+        if not 0 < tail_dims <= hidden:
+            raise ConfigError(f"HASTE tail dims must lie in [1, {hidden}], not {tail_dims}")
+        if not 0 < fan_in <= tail_dims:
+            raise ConfigError(f"HASTE fan-in must lie in [1, {tail_dims}] (the tail dims), not {fan_in}")
+        self.backend = backend
+        self.kernels = _resolve_kernels(backend, kernels)
+        self.hidden, self.tail_dims, self.fan_in = hidden, tail_dims, fan_in
+        groups, size = tail_groups.shape
+        internal_label, position = _label_maps(head_labels, tail_groups)
+        self.register_buffer("internal_label", internal_label, persistent=False)
+        self.register_buffer("internal_position", position, persistent=False)
+        self.register_buffer("valid_mask", internal_label >= 0, persistent=False)
+
+        generator = torch.Generator().manual_seed(seed)
+        self.register_buffer("tail_index", random_fan_in(groups, tail_dims, fan_in, generator).sort(dim=1).values)
+        n_head = head_labels.numel()
+        self.head = nn.Linear(hidden, n_head) if n_head else None
+        if self.head is not None:
+            with torch.no_grad():
+                self.head.weight.normal_(0.0, hidden ** -0.5, generator=generator)
+                self.head.bias.zero_()
+        weight = torch.randn(groups, size, fan_in, generator=generator) * fan_in ** -0.5
+        weight[tail_groups.cpu() < 0] = 0.0  # padded label rows stay out of rewiring magnitudes
+        self.tail_weight = nn.Parameter(weight)
+        self.tail_bias = nn.Parameter(torch.zeros(groups, size))
+
+    @property
+    def n_internal(self) -> int:
+        return self.internal_label.numel()
+
+    @property
+    def n_head(self) -> int:
+        return 0 if self.head is None else self.head.out_features
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [] if self.head is None else list(self.head.parameters())
+
+    def tail_parameters(self) -> list[nn.Parameter]:
+        return [self.tail_weight, self.tail_bias]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [B, n_internal] in internal order (head, then tail groups k-major, padding included)."""
+        if h.dim() != 2 or h.shape[1] != self.hidden:
+            raise ValueError(f"HASTE input must be [B, {self.hidden}], got {tuple(h.shape)}")
+        tail = self._tail(h[:, :self.tail_dims])
+        if self.head is None:
+            return tail
+        return torch.cat([self.head(h), tail], dim=1)
+
+    def _tail(self, h: torch.Tensor) -> torch.Tensor:
+        if self.backend == "torch":
+            return tail_forward(h, self.tail_index, self.tail_weight, self.tail_bias)
+        dtype = _autocast_dtype(h.device)
+        if dtype is None:
+            return SlotTail.apply(h, self.tail_weight, self.tail_bias, self.tail_index, self.kernels)
+        # As autocast runs the torch backend: the products in `dtype`, the bias added in its own dtype.
+        with torch.autocast(h.device.type, enabled=False):
+            z = SlotTail.apply(h.to(dtype), self.tail_weight.to(dtype), None, self.tail_index, self.kernels)
+            return (z.reshape(h.shape[0], *self.tail_bias.shape) + self.tail_bias).reshape(z.shape)
+
+    # ------------------------------------------------------------------------- rewiring
+
+    @torch.no_grad()
+    def rewire(self, fraction: float, generator: torch.Generator) -> torch.Tensor:
+        """Prune each group's round(fraction*F) weakest fan-in slots and regrow them on new dims.
+
+        A slot's strength is sum_g |W[k, g, f]|. New dims are drawn at random (from ``generator``)
+        among the dims not in the group's fan-in before pruning, so at most tail_dims - F slots
+        per group are rewired; their weights start at zero.
+        Returns the BoolTensor [K, F] of rewired slots (its sum is the number rewired); pass it to
+        ``zero_rewired_state`` to clear the optimizer's moments at those slots.
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigError(f"HASTE rewire fraction must lie in [0, 1], not {fraction}")
+        groups, fan_in = self.tail_index.shape
+        count = min(round(fraction * fan_in), self.tail_dims - fan_in)
+        mask = torch.zeros(groups, fan_in, dtype=torch.bool, device=self.tail_index.device)
+        if count <= 0:
+            return mask
+        strength = self.tail_weight.abs().sum(dim=1)
+        pruned = strength.topk(count, dim=1, largest=False).indices
+        mask.scatter_(1, pruned, True)
+        self.tail_index.scatter_(1, pruned, self._draw_new_dims(count, generator))
+        self.tail_weight.masked_fill_(mask[:, None, :], 0.0)
+        return mask
+
+    def _draw_new_dims(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """[K, count] random dims per group, distinct and outside the group's current fan-in."""
+        groups = self.tail_index.shape[0]
+        scores = torch.rand(groups, self.tail_dims, generator=generator, device=generator.device)
+        scores = scores.to(self.tail_index.device).scatter_(1, self.tail_index, math.inf)
+        return scores.topk(count, dim=1, largest=False).indices
+
+    def as_dense_weight(self) -> torch.Tensor:
+        """The tail as a dense weight [K*G, tail_dims] (internal tail order), zero outside each fan-in."""
+        groups, size, fan_in = self.tail_weight.shape
+        dense = self.tail_weight.new_zeros(groups, size, self.tail_dims)
+        index = self.tail_index[:, None, :].expand(groups, size, fan_in)
+        return dense.scatter(2, index, self.tail_weight).reshape(groups * size, self.tail_dims)
+
+
+def zero_rewired_state(optimizer: torch.optim.Optimizer, mask: torch.Tensor,
+                       weight: torch.Tensor | None = None) -> int:
+    """Zero the optimizer state (momenta, second moments) of the rewired tail slots; returns tensors zeroed.
+
+    ``mask`` is ``HasteOutput.rewire``'s [K, F] result. The state of ``weight`` is cleared when it
+    is given; otherwise that of every parameter shaped [K, *, F] like a tail weight.
+    """
+    groups, fan_in = mask.shape
+    zeroed = 0
+    for param, state in optimizer.state.items():
+        if weight is not None and param is not weight:
+            continue
+        if param.dim() != 3 or (param.shape[0], param.shape[2]) != (groups, fan_in):
+            continue
+        for value in state.values():
+            if torch.is_tensor(value) and value.shape == param.shape:
+                value.masked_fill_(mask.to(value.device)[:, None, :], 0)
+                zeroed += 1
+    return zeroed

@@ -1,0 +1,78 @@
+"""Data loading for the trainer: a deterministic batch stream, optional worker processes, pinned
+memory and a side-stream prefetcher. Every knob here changes only when and where a batch is built,
+never its contents, so all settings yield the same batches in the same order (class ``exact``)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from targets.haste_rec.batch import Batch
+
+
+class BatchSource(Protocol):
+    def train_batch(self, index: int) -> Batch: ...
+
+
+class BatchStream(IterableDataset):
+    """Yields train batches start, start+1, ...; with n workers, worker w builds every n-th one.
+
+    DataLoader takes from its workers round-robin, so the order seen by the trainer is the same
+    for any number of workers.
+    """
+
+    def __init__(self, source: BatchSource, start: int = 0):
+        self.source, self.start = source, start
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        index = self.start + worker
+        while True:
+            yield self.source.train_batch(index)
+            index += workers
+
+
+def _pin(batch: Batch) -> Batch:
+    return batch.pin_memory()
+
+
+class DeviceBatches:
+    """Batches on the training device, built per the data knobs.
+
+    ``prefetch`` (CUDA only) copies batch i+1 to the device on a side stream while step i runs;
+    without it each batch is copied when it is needed.
+    """
+
+    def __init__(self, source: BatchSource, device: torch.device, workers: int = 0, pin_memory: bool = False,
+                 prefetch: bool = False, start: int = 0, sparse_on_device: bool = True):
+        cuda = device.type == "cuda"
+        self.device, self.sparse_on_device = device, sparse_on_device
+        self.pin = pin_memory and cuda
+        self.loader = iter(DataLoader(BatchStream(source, start), batch_size=None, num_workers=workers,
+                                      pin_memory=self.pin, prefetch_factor=4 if workers else None,
+                                      persistent_workers=workers > 0))
+        self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
+        self._next: Batch | None = None
+        if self.stream is not None:
+            self._next = self._copy_async(next(self.loader))
+
+    def _copy_async(self, batch: Batch) -> Batch:
+        with torch.cuda.stream(self.stream):
+            return batch.to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
+
+    def __next__(self) -> Batch:
+        if self.stream is None:
+            return next(self.loader).to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        batch = self._next
+        for t in batch.tensors():
+            if t.is_cuda:
+                t.record_stream(torch.cuda.current_stream(self.device))
+        self._next = self._copy_async(next(self.loader))
+        return batch
+
+    def __iter__(self) -> "DeviceBatches":
+        return self

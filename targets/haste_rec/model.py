@@ -1,0 +1,99 @@
+"""The reference model: pooled sparse embeddings + dense features -> MLP encoder -> HASTE output.
+
+Building it means deciding the label layout first (head/tail split, grouping of tail labels), which
+needs statistics of the training data; `build_model` does that from the data source alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from targets.haste_rec.data import SyntheticData, SyntheticSpec
+from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
+from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
+from targets.haste_rec.haste import HasteOutput
+from targets.haste_rec.knobs import PRESET
+from targets.haste_rec.sizes import HasteRecSize
+
+PLAN_BATCHES = 64        # training batches whose id counts plan the embedding cache
+GROUPING_BATCHES = 128   # training batches whose features place labels for semantic grouping
+
+
+class Encoder(nn.Module):
+    """A two-layer MLP from [pooled embeddings | dense features] to the H-dim representation."""
+
+    def __init__(self, in_dim: int, inner: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, inner), nn.ReLU(), nn.Linear(inner, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model-class knobs resolved against the size preset."""
+
+    group_size: int
+    fan_in: int
+    head_fraction: float
+
+    @staticmethod
+    def resolve(config: Mapping[str, Any], size: HasteRecSize) -> "ModelShape":
+        pick = lambda key, preset: preset if config[key] == PRESET else int(config[key])  # noqa: E731
+        head = size.head_fraction if config["head_fraction"] < 0 else float(config["head_fraction"])
+        return ModelShape(pick("group_size", size.group_size), pick("fan_in", size.fan_in), head)
+
+
+def synthetic_data(size: HasteRecSize, seed: int) -> SyntheticData:
+    return SyntheticData(SyntheticSpec(
+        num_labels=size.num_labels, num_clusters=size.num_clusters, table_rows=size.table_rows,
+        table_zipf=size.table_zipf, pooling=size.pooling, num_dense=size.num_dense, batch_size=size.batch_size,
+        heldout_size=size.heldout_size, seed=seed))
+
+
+def label_layout(data, grouping: str, shape: ModelShape, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head label ids, tail groups [K, G]) from the data's label statistics and the grouping knob."""
+    freq = data.label_frequencies()
+    head, tail = split_head_tail(freq, shape.head_fraction)
+    gen = torch.Generator().manual_seed(seed + 17)
+    if grouping == "random":
+        groups = group_random(tail, shape.group_size, gen)
+    elif grouping == "frequency":
+        groups = group_by_frequency(tail, freq, shape.group_size)
+    else:
+        groups = group_semantic(tail, data.label_feature_means(GROUPING_BATCHES), shape.group_size, gen)
+    return head, groups
+
+
+def embedding_config(config: Mapping[str, Any]) -> EmbeddingConfig:
+    return EmbeddingConfig(
+        placement=config["embedding_placement"], grad_mode=config["embedding_grad_mode"],
+        cache_fraction=config["embedding_cache_fraction"], cache_plan=config["embedding_cache_plan"],
+        eviction=config["embedding_eviction"], opt_state_cache_fraction=config["embedding_opt_state_cache_fraction"],
+        pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"])
+
+
+class HasteRecModel(nn.Module):
+    """Embeddings, encoder and output layer; the session drives them phase by phase."""
+
+    def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
+                 device: torch.device, seed: int):
+        super().__init__()
+        shape = ModelShape.resolve(config, size)
+        emb_cfg = embedding_config(config)
+        counts = data.id_access_counts(PLAN_BATCHES) if emb_cfg.placement == "cached" else None
+        max_unique = [min(rows, 2 * pool * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
+        self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,
+                                         access_counts=counts, max_unique_per_batch=max_unique)
+        torch.manual_seed(seed)
+        in_dim = size.num_tables * size.embedding_dim + size.num_dense
+        self.encoder = Encoder(in_dim, size.encoder_hidden, size.hidden).to(device)
+        head, groups = label_layout(data, config["grouping"], shape, seed)
+        self.output = HasteOutput(size.hidden, size.hidden, head, groups, shape.fan_in,
+                                  backend=config["tail_backend"], kernels=kernels, seed=seed).to(device)
+        self.shape = shape

@@ -1,0 +1,221 @@
+"""A device cache of table rows over a host tensor: one level of SparseGear's multi-level store.
+
+Embedding tables (and their row-wise optimizer state) can be far larger than device memory, but
+a Zipf-skewed workload touches a small hot set most of the time. `RowCache` keeps `capacity` rows
+on the device, maps host row ids to cache slots with metadata kept on the HOST (as SparseGear
+does: the id->slot map is a CPU tensor, so lookups need no device round trip), evicts by LRU or
+LFU among the slots the current batch does not use, writes victims back (they may be dirty) and
+loads missing rows in one batched host->device copy. The caller reads and updates `device_rows`
+in place through the slots that `prepare` returns.
+
+`TableCaches` keeps one such cache per embedding table, all in one device buffer. The small
+transfer helpers used by every host-resident store live here too, so pinned-memory and
+non-blocking rules are written down once: a copy is non-blocking only from pinned memory, and
+device->host copies are blocking because the host reads the result at once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from targets.protocol import ConfigError
+
+EVICTIONS = ("lru", "lfu")
+_NEVER = torch.iinfo(torch.int64).max  # eviction key of a slot the current batch uses
+_CLOCK_BITS = 40  # LFU key = use count << 40 | use stamp: exact below 2**40 stamps and 2**23 uses of a slot
+
+
+def should_pin(requested: bool, device: torch.device) -> bool:
+    """Pin host buffers only when asked and when there is a CUDA device to copy to."""
+    return requested and device.type == "cuda" and torch.cuda.is_available()
+
+
+def to_device(t: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
+    """Copy `t` to `device`; asynchronously only from pinned memory (a fresh pinned copy if needed)."""
+    if t.device == device:
+        return t
+    if pinned and t.device.type == "cpu":
+        staged = t if t.is_pinned() else t.pin_memory()
+        return staged.to(device, non_blocking=True)
+    return t.to(device)
+
+
+def gather_to_device(host: torch.Tensor, index: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
+    """host[index] on `device`; with `pinned`, gathered straight into a pinned staging buffer.
+
+    The staging buffer comes from torch's caching host allocator, which does not hand a block out
+    again before the asynchronous copy reading it has finished, so reusing it is safe.
+    """
+    if not pinned:
+        return host.index_select(0, index).to(device)
+    staged = torch.empty((index.numel(), *host.shape[1:]), dtype=host.dtype, pin_memory=True)
+    torch.index_select(host, 0, index, out=staged)
+    return staged.to(device, non_blocking=True)
+
+
+class RowCache:
+    """`capacity` rows of `host_rows [rows, width]` held on `device`, with host-side metadata."""
+
+    def __init__(self, host_rows: torch.Tensor, capacity: int, eviction: str, device: torch.device,
+                 pin_memory: bool = False, name: str = "cache", device_rows: torch.Tensor | None = None):
+        """`device_rows`, if given, is the [capacity, width] device storage to use (e.g. a slice of a
+        buffer that several caches share, so that their rows can be read in one operation)."""
+        if eviction not in EVICTIONS:
+            raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
+        if not 1 <= capacity <= host_rows.shape[0]:
+            raise ConfigError(f"{name} capacity must lie in [1, {host_rows.shape[0]}] rows, not {capacity}")
+        self.host_rows = host_rows
+        self.capacity = capacity
+        self.eviction = eviction
+        self.device = device
+        self.name = name
+        self.pinned = should_pin(pin_memory, device)
+        shape = (capacity, host_rows.shape[1])
+        if device_rows is None:
+            device_rows = torch.zeros(shape, dtype=host_rows.dtype, device=device)
+        elif tuple(device_rows.shape) != shape:
+            raise ValueError(f"{name}: device_rows must have shape {shape}, not {tuple(device_rows.shape)}")
+        self.device_rows = device_rows
+        self.slot_of_row = torch.full((host_rows.shape[0],), -1, dtype=torch.int64)
+        self.row_of_slot = torch.full((capacity,), -1, dtype=torch.int64)
+        self.last_use = torch.zeros(capacity, dtype=torch.int64)  # stamp of the slot's last use
+        self.use_count = torch.zeros(capacity, dtype=torch.int64)  # uses since its row was loaded
+        self.clock = 0   # use stamps advance once per row touched, so no two slots share one
+        self.filled = 0  # slots [0, filled) hold rows (slots are only ever reused, never emptied)
+        self.step = 0
+        self.hits = 0
+        self.misses = 0
+        self.bytes_h2d = 0
+        self.bytes_d2h = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.host_rows.shape[1] * self.host_rows.element_size()
+
+    @property
+    def miss_rate(self) -> float:
+        lookups = self.hits + self.misses
+        return self.misses / lookups if lookups else 0.0
+
+    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """Make every row of `unique_rows` (CPU int64, distinct) resident; return their device slots.
+
+        `record` counts hits and misses and refreshes recency/frequency (the lookup path); the
+        update path passes False so that touching the same rows again is not counted twice.
+        """
+        return to_device(self.prepare_host(unique_rows, record), self.device, self.pinned)
+
+    def prepare_host(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """`prepare`, returning the slots on the host (for callers that batch several caches' slots)."""
+        if unique_rows.numel() > self.capacity:
+            raise ConfigError(f"{self.name} holds {self.capacity} rows but one batch needs {unique_rows.numel()} "
+                              f"distinct rows; raise the cache fraction or lower the batch size")
+        slots = self.slot_of_row.index_select(0, unique_rows)
+        missing = slots < 0
+        n_missing = int(missing.sum())
+        if record:
+            self.step += 1
+            self.hits += unique_rows.numel() - n_missing
+            self.misses += n_missing
+        if n_missing:
+            slots[missing] = self._load(unique_rows[missing], in_use=slots[~missing])
+        if record:
+            self._stamp(slots)
+            self.use_count[slots] += 1
+        return slots
+
+    def flush(self) -> None:
+        """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
+        occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
+        self._write_back(occupied, count=False)
+
+    def counters(self) -> dict[str, float]:
+        return {"hits": float(self.hits), "misses": float(self.misses), "miss_rate": self.miss_rate,
+                "bytes_h2d": float(self.bytes_h2d), "bytes_d2h": float(self.bytes_d2h)}
+
+    def _load(self, rows: torch.Tensor, in_use: torch.Tensor) -> torch.Tensor:
+        """Evict len(rows) victims outside `in_use`, load `rows` into their slots; return the slots."""
+        victims = self._pick_victims(rows.numel(), in_use)
+        evicted = self.row_of_slot[victims]
+        held = evicted >= 0
+        self._write_back(victims[held], count=True)
+        self.slot_of_row[evicted[held]] = -1
+        loaded = gather_to_device(self.host_rows, rows, self.device, self.pinned)
+        self.device_rows.index_copy_(0, to_device(victims, self.device, self.pinned), loaded)
+        self.bytes_h2d += rows.numel() * self.row_bytes
+        self.slot_of_row[rows] = victims
+        self.row_of_slot[victims] = rows
+        self._stamp(victims)
+        self.use_count[victims] = 0
+        return victims
+
+    def _stamp(self, slots: torch.Tensor) -> None:
+        """Mark `slots` used now, in their order (a batch's rows are sorted, so this is deterministic)."""
+        self.last_use[slots] = torch.arange(self.clock, self.clock + slots.numel())
+        self.clock += slots.numel()
+
+    def _pick_victims(self, k: int, in_use: torch.Tensor) -> torch.Tensor:
+        """k slots not in `in_use`: empty ones first, then the least recently used (LRU) or the least
+        frequently used, the least recently used of those first (LFU). Keys are unique: no ties."""
+        occupied = self.filled
+        fresh = torch.arange(occupied, min(occupied + k, self.capacity))
+        self.filled += fresh.numel()
+        if fresh.numel() == k:
+            return fresh
+        recency = self.last_use[:occupied]
+        keys = recency.clone() if self.eviction == "lru" else (self.use_count[:occupied] << _CLOCK_BITS) | recency
+        keys[in_use] = _NEVER
+        lowest = torch.topk(keys, k - fresh.numel(), largest=False, sorted=True).indices
+        return torch.cat([fresh, lowest])
+
+    def _write_back(self, slots: torch.Tensor, count: bool) -> None:
+        if slots.numel() == 0:
+            return
+        rows = self.row_of_slot[slots]
+        values = self.device_rows.index_select(0, to_device(slots, self.device, self.pinned)).cpu()
+        self.host_rows.index_copy_(0, rows, values)
+        if count:
+            self.bytes_d2h += rows.numel() * self.row_bytes
+
+
+def _starts(sizes: Sequence[int]) -> list[int]:
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+class TableCaches:
+    """One RowCache per table over its slice of a shared host row space (table t's rows follow
+    table t-1's), all of them slices of one device buffer: a batch of every table is then read and
+    updated through shared slot numbers in one operation, whatever the number of tables."""
+
+    def __init__(self, host_rows: torch.Tensor, table_rows: Sequence[int], capacities: Sequence[int], eviction: str,
+                 device: torch.device, pin_memory: bool = False, name: str = "cache"):
+        self.host_rows, self.device, self.capacities = host_rows, device, list(capacities)
+        self.pinned = should_pin(pin_memory, device)
+        self.row_starts, self.slot_starts = _starts(table_rows), _starts(capacities)
+        self.device_rows = torch.zeros(sum(capacities), host_rows.shape[1], dtype=host_rows.dtype, device=device)
+        hosts, slots = torch.split(host_rows, list(table_rows)), torch.split(self.device_rows, self.capacities)
+        self.caches = [RowCache(host, cap, eviction, device, pin_memory, f"table {t} {name}", dev)
+                       for t, (host, cap, dev) in enumerate(zip(hosts, capacities, slots))]
+
+    def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
+        """[lo, hi) of each table's rows within sorted shared-space rows."""
+        edges = torch.tensor(self.row_starts + [self.host_rows.shape[0]])
+        edges = torch.searchsorted(sorted_rows, edges).tolist()
+        return list(zip(edges[:-1], edges[1:]))
+
+    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """Shared-buffer slots (on the device) of sorted, distinct shared-space rows, made resident."""
+        parts = [cache.prepare_host(unique_rows[lo:hi] - row0, record) + slot0 for cache, (lo, hi), row0, slot0
+                 in zip(self.caches, self.bounds(unique_rows), self.row_starts, self.slot_starts)]
+        return to_device(torch.cat(parts), self.device, self.pinned)
+
+    def flush(self) -> None:
+        for cache in self.caches:
+            cache.flush()
+
+    def counters(self) -> dict[str, float]:
+        """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
+        per_table = [cache.counters() for cache in self.caches]
+        return {key: sum(c[key] for c in per_table) for key in ("hits", "misses", "bytes_h2d", "bytes_d2h")}

@@ -1,0 +1,179 @@
+"""One training session of the reference trainer: the step, split into named phases, plus the
+deterministic probe, gradient norms, parameter digest and held-out quality the worker reads.
+
+Optimizers follow HASTE: Adam for the encoder, SGD with momentum for the output layer, row-wise
+Adagrad for the embedding tables (owned by the embedding store). The loss is BCE summed over all
+labels and averaged over the batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from targets.haste_rec.batch import Batch
+from targets.haste_rec.haste import zero_rewired_state
+from targets.haste_rec.loader import DeviceBatches
+from targets.haste_rec.metrics import propensity_scores, topk_metrics
+from targets.haste_rec.model import HasteRecModel
+from targets.haste_rec.sizes import HasteRecSize
+from targets.protocol import PhaseTimer, sequence_digest
+
+PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
+ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 1e-3, 0.05, 0.9
+REWIRE_FRACTION = 0.1
+PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
+
+
+def _optimizer_flags(impl: str) -> dict[str, bool]:
+    return {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+            "fused": {"fused": True}}[impl]
+
+
+class HasteRecSession:
+    """A built config of haste_rec, ready to train (see targets.protocol.Session)."""
+
+    phase_names = PHASES
+
+    def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
+                 device: torch.device, seed: int):
+        self.data, self.size, self.config, self.device = data, size, dict(config), device
+        self.batch_size = size.batch_size
+        self.model = HasteRecModel(data, size, config, kernels, device, seed)
+        self.timer = PhaseTimer(device)
+        precision = config["precision"]
+        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        if precision == "bf16":
+            self.model.encoder.to(torch.bfloat16)
+            self.model.output.to(torch.bfloat16)
+        self.autocast = precision == "bf16-autocast"
+        self.encoder = torch.compile(self.model.encoder) if config["compile_encoder"] else self.model.encoder
+        flags = _optimizer_flags(config["optimizer_impl"])
+        self.encoder_opt = torch.optim.Adam(self.model.encoder.parameters(), lr=ENCODER_LR, **flags)
+        self.output_opt = torch.optim.SGD(self.model.output.parameters(), lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM,
+                                          **flags)
+        self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
+                                     prefetch=config["prefetch_to_device"],
+                                     sparse_on_device=config["embedding_placement"] != "host")
+        self.rewire_gen = torch.Generator().manual_seed(seed + 101)
+        self.steps_done = 0
+        self.track_grad_norms = False
+        self._grad_norms: dict[str, float] = {}
+        out = self.model.output
+        self.valid = out.valid_mask.to(device)
+        self.position = out.internal_position.to(device)
+
+    # -- the step ------------------------------------------------------------------------------
+    def _cast_context(self):
+        if self.autocast:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _targets(self, batch: Batch, columns: int) -> torch.Tensor:
+        """Dense 0/1 targets in the output layer's internal column order."""
+        counts = batch.label_offsets[1:] - batch.label_offsets[:-1]
+        rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=counts.device), counts)
+        targets = torch.zeros(batch.batch_size, columns, device=self.device)
+        targets[rows, self.position[batch.labels]] = 1.0
+        return targets
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits [B, internal columns] for a batch, each part in its phase."""
+        phase = self.timer
+        with self._cast_context():
+            with phase("embed"):
+                pooled = self.model.embeddings(batch)
+            with phase("encoder"):
+                x = torch.cat([pooled, batch.dense], dim=1).to(self.compute_dtype)
+                h = self.encoder(x)
+            with phase("head"):
+                head = self.model.output.head_logits(h)
+            with phase("tail"):
+                tail = self.model.output.tail_logits(h)
+            return torch.cat([head, tail], dim=1)
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        targets = self._targets(batch, logits.shape[1])
+        total = F.binary_cross_entropy_with_logits(logits.float(), targets, weight=self.valid.float(), reduction="sum")
+        return total / batch.batch_size
+
+    def step(self) -> torch.Tensor:
+        phase = self.timer
+        with phase("data"):
+            batch = next(self.batches)
+        logits = self.forward(batch)
+        with phase("loss"):
+            loss = self.loss(logits, batch)
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            if self.track_grad_norms:
+                self._grad_norms = self._measure_grad_norms()
+            self.encoder_opt.step()
+            self.output_opt.step()
+            self.model.embeddings.optimizer_step()
+            self.encoder_opt.zero_grad(set_to_none=True)
+            self.output_opt.zero_grad(set_to_none=True)
+            self.model.embeddings.zero_grad()
+            self.steps_done += 1
+            every = self.config["rewire_every"]
+            if every and self.steps_done % every == 0:
+                mask = self.model.output.rewire(REWIRE_FRACTION, self.rewire_gen)
+                zero_rewired_state(self.output_opt, mask)
+        return loss.detach()
+
+    # -- what the worker reads -----------------------------------------------------------------
+    def _measure_grad_norms(self) -> dict[str, float]:
+        def norm(params) -> float:
+            grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
+            return math.sqrt(float(torch.stack(grads).sum())) if grads else 0.0
+        out = self.model.output
+        return {"encoder": norm(self.model.encoder.parameters()), "head": norm(out.head_parameters()),
+                "tail": norm(out.tail_parameters()),
+                "embeddings": math.sqrt(self.model.embeddings.grad_sq_norm())}
+
+    def grad_norms(self) -> dict[str, float]:
+        self.track_grad_norms = True
+        return dict(self._grad_norms)
+
+    @torch.no_grad()
+    def _eval_logits(self, batch: Batch) -> torch.Tensor:
+        return self.forward(batch.to(self.device)).float()
+
+    def probe(self) -> dict[str, list[float]]:
+        """Logits of a fixed held-out slice at fixed columns; changes no state."""
+        batch = self.data.heldout().slice(0, PROBE_SAMPLES)
+        logits = self._eval_logits(batch)
+        valid_cols = torch.nonzero(self.valid).flatten()
+        pick = valid_cols[torch.linspace(0, valid_cols.numel() - 1, PROBE_COLUMNS).long()]
+        return {"logits": logits[:, pick].flatten().tolist(),
+                "row_max": logits.masked_fill(~self.valid, -math.inf).amax(dim=1).tolist()}
+
+    def param_digest(self) -> dict[str, Any]:
+        tables = self.model.embeddings.full_tables()
+        groups = {"encoder": list(self.model.encoder.parameters()),
+                  "head": list(self.model.output.head_parameters()),
+                  "tail": list(self.model.output.tail_parameters()), "embeddings": tables}
+        norms = {name: math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in ps)) for name, ps in groups.items()}
+        every = [t for ps in groups.values() for t in ps] + [self.model.output.tail_index]
+        return {"sha256": sequence_digest(every), "norms": norms}
+
+    def quality(self) -> dict[str, float]:
+        """P@k and PSP@k on the held-out split."""
+        heldout = self.data.heldout()
+        label_of = self.model.output.internal_label.to(self.device)
+        tops = []
+        for start in range(0, heldout.batch_size, 256):
+            chunk = heldout.slice(start, min(start + 256, heldout.batch_size))
+            logits = self._eval_logits(chunk).masked_fill(~self.valid, -math.inf)
+            tops.append(label_of[logits.topk(5, dim=1).indices].cpu())
+        counts = self.data.label_frequencies() * self.size.quality_steps * self.size.batch_size
+        propensity = propensity_scores(counts, self.size.quality_steps * self.size.batch_size)
+        return topk_metrics(torch.cat(tops), heldout.labels, heldout.label_offsets, propensity, ks=(1, 3, 5))
+
+    def counters(self) -> dict[str, float]:
+        return {"steps": float(self.steps_done), **self.model.embeddings.counters()}

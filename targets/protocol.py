@@ -1,0 +1,281 @@
+"""The Target protocol: what a workload must expose for sg-opt to tune it.
+
+This module is the only one a user's own target needs to import. It holds the typed knob space
+(every value the agent may change, with its domain, reason and numerics class), kernel slots
+(replaceable kernels with a torch reference, an input generator and a FLOP/byte model), and the
+Session a target builds for one configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+
+NumericsClass = Literal["exact", "reorder", "precision", "model"]
+Category = Literal["precision", "kernel", "embedding", "data", "compile", "memory", "model"]
+KnobKind = Literal["choice", "bool", "int", "float"]
+
+NUMERICS_CLASSES: tuple[str, ...] = ("exact", "reorder", "precision", "model")
+CATEGORIES: tuple[str, ...] = ("precision", "kernel", "embedding", "data", "compile", "memory", "model")
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is invalid; the message is one sentence meant for them."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable value: its type and domain, default, category, numerics class and why it matters."""
+
+    name: str
+    kind: KnobKind
+    default: Any
+    why: str
+    category: Category
+    numerics: NumericsClass
+    choices: tuple[Any, ...] = ()
+    low: float | None = None
+    high: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"knob {self.name}: unknown category {self.category!r}")
+        if self.numerics not in NUMERICS_CLASSES:
+            raise ValueError(f"knob {self.name}: unknown numerics class {self.numerics!r}")
+        self.validate(self.default)
+
+    def domain(self) -> str:
+        """The domain as a short human-readable string."""
+        if self.kind == "bool":
+            return "true | false"
+        if self.choices:
+            return " | ".join(str(c) for c in self.choices)
+        return f"[{self.low}, {self.high}]"
+
+    def validate(self, value: Any) -> Any:
+        """Return the value coerced to the knob's type, or raise ConfigError saying why not."""
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            raise ConfigError(f"knob {self.name} takes true or false, not {value!r}")
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"knob {self.name} takes an integer, not {value!r}")
+        elif self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"knob {self.name} takes a number, not {value!r}")
+            value = float(value)
+        if self.choices:
+            if value not in self.choices:
+                raise ConfigError(f"knob {self.name} must be one of {self.domain()}, not {value!r}")
+            return value
+        if self.low is not None and value < self.low or self.high is not None and value > self.high:
+            raise ConfigError(f"knob {self.name} must lie in {self.domain()}, not {value!r}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """Parse a command-line string (``--set name=text``) into a valid value."""
+        text = text.strip()
+        try:
+            if self.kind == "bool":
+                lowered = text.lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                value: Any = lowered in ("true", "1", "yes", "on")
+            elif self.kind == "int":
+                value = int(text)
+            elif self.kind == "float":
+                value = float(text)
+            else:
+                value = text
+                for choice in self.choices:  # choices may be ints in a "choice" knob
+                    if str(choice) == text:
+                        value = choice
+        except ValueError:
+            raise ConfigError(f"knob {self.name} cannot take {text!r}: its domain is {self.domain()}") from None
+        return self.validate(value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "kind": self.kind, "default": self.default, "domain": self.domain(),
+            "category": self.category, "numerics": self.numerics, "why": self.why,
+            "choices": list(self.choices), "low": self.low, "high": self.high,
+        }
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule across knobs (e.g. host placement needs sparse or fused gradients)."""
+
+    message: str
+    holds: Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """The knobs of a target plus the constraints between them."""
+
+    knobs: tuple[Knob, ...]
+    constraints: tuple[Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [k.name for k in self.knobs]
+        if len(names) != len(set(names)):
+            raise ValueError("knob names must be unique")
+
+    def __getitem__(self, name: str) -> Knob:
+        for knob in self.knobs:
+            if knob.name == name:
+                return knob
+        raise ConfigError(f"unknown knob {name!r}; known knobs: {', '.join(k.name for k in self.knobs)}")
+
+    def __iter__(self) -> Iterator[Knob]:
+        return iter(self.knobs)
+
+    def defaults(self) -> dict[str, Any]:
+        return {k.name: k.default for k in self.knobs}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults overlaid with validated overrides; raises ConfigError on any bad name or value."""
+        config = self.defaults()
+        for name, value in (overrides or {}).items():
+            config[name] = self[name].validate(value)
+        for constraint in self.constraints:
+            if not constraint.holds(config):
+                raise ConfigError(constraint.message)
+        return config
+
+    def diff(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of a config that differ from the defaults."""
+        return {k: v for k, v in config.items() if self[k].default != v}
+
+
+@dataclass(frozen=True)
+class FlopsBytes:
+    """The work of one kernel call: floating-point operations and the fewest bytes it must move."""
+
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class KernelSlot:
+    """A named, replaceable kernel with its torch reference, inputs and cost model.
+
+    ``make_inputs(shape, dtype, device, generator)`` draws fresh random inputs for a shape dict;
+    ``reference(*inputs)`` is the ground truth; ``cost(shape, dtype)`` feeds the roofline;
+    ``signature`` is the fixed call signature every implementation must accept.
+    """
+
+    name: str
+    signature: str
+    reference: Callable[..., Any]
+    make_inputs: Callable[..., tuple[Any, ...]]
+    cost: Callable[[Mapping[str, int], torch.dtype], FlopsBytes]
+    shapes: tuple[Mapping[str, int], ...] = ()
+    why: str = ""
+
+
+@runtime_checkable
+class Session(Protocol):
+    """One built configuration of a target, ready to train."""
+
+    phase_names: tuple[str, ...]
+    timer: "PhaseTimer"
+
+    def step(self) -> torch.Tensor:
+        """Run one training step; return its loss as a detached 0-dim tensor (not synchronised)."""
+
+    def probe(self) -> dict[str, list[float]]:
+        """Deterministic outputs on a fixed probe batch, without changing any state."""
+
+    def grad_norms(self) -> dict[str, float]:
+        """Gradient norms of the last step, per parameter group."""
+
+    def param_digest(self) -> dict[str, Any]:
+        """A digest of all trainable state: sha256 of the bytes plus per-group norms."""
+
+    def quality(self) -> dict[str, float]:
+        """Quality metrics on the held-out split (e.g. P@1, P@5, PSP@5)."""
+
+    def counters(self) -> dict[str, float]:
+        """Workload counters worth reporting (cache hits, misses, bytes moved...)."""
+
+
+@dataclass
+class Target:
+    """A workload sg-opt can optimize: a knob space, kernel slots, sizes and a builder."""
+
+    name: str
+    description: str
+    knob_space: KnobSpace
+    sizes: tuple[str, ...]
+    build: Callable[..., Session]  # build(config, size, kernels, device, seed) -> Session
+    kernel_slots: tuple[KernelSlot, ...] = ()
+    phases: tuple[str, ...] = ()
+    default_size: str = ""
+
+    def slot(self, name: str) -> KernelSlot:
+        for slot in self.kernel_slots:
+            if slot.name == name:
+                return slot
+        raise ConfigError(f"target {self.name} has no kernel slot {name!r}")
+
+    def check_size(self, size: str) -> str:
+        if size not in self.sizes:
+            raise ConfigError(f"target {self.name} has no size {size!r}; sizes: {', '.join(self.sizes)}")
+        return size
+
+
+@dataclass
+class PhaseTimer:
+    """Names the phases of a step for the profiler and, when asked, times them on the host clock.
+
+    Each phase is a ``record_function`` range, so torch.profiler attributes time to it. When
+    ``timing`` is on, the device is synchronised at each boundary so the host clock measures the
+    phase's real duration; leave it off when timing whole steps, since it perturbs overlap.
+    """
+
+    device: torch.device
+    timing: bool = False
+    totals: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        with torch.profiler.record_function(name):
+            if not self.timing:
+                yield
+                return
+            self._sync()
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self._sync()
+                self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def take(self) -> dict[str, float]:
+        """Return the accumulated seconds per phase and start afresh."""
+        totals, self.totals = self.totals, {}
+        return totals
+
+
+def sequence_digest(tensors: Sequence[torch.Tensor]) -> str:
+    """sha256 over the raw bytes of tensors (moved to CPU, contiguous), in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        digest.update(str(t.dtype).encode())
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()

@@ -1,0 +1,187 @@
+"""The worker: runs one target with one config in this (child) process and writes a JSON result.
+
+``python -m targets.worker --request REQ.json --result RES.json``. Every failure the workload can
+cause (bad config, exception, NaN, out of memory) is caught and written as a structured Failure;
+a crash or hang is detected by the parent (``targets.worker_client``), which never shares a process
+with the workload. The measurement loop lives here, never in a candidate's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from targets.protocol import ConfigError, Session, Target
+from targets.registry import resolve_target
+from targets.worker_protocol import (BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
+                                     WorkerResult)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def load_kernels(directory: str | None, target: Target) -> dict[str, Callable[..., Any]]:
+    """Import ``<slot>.py`` files from a directory; each must define a function named after its slot."""
+    if not directory:
+        return {}
+    path = Path(directory)
+    if not path.is_dir():
+        raise ConfigError(f"kernel directory {directory} does not exist")
+    kernels: dict[str, Callable[..., Any]] = {}
+    for file in sorted(path.glob("*.py")):
+        slot = target.slot(file.stem)
+        spec = importlib.util.spec_from_file_location(f"sg_opt_candidate_{slot.name}", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, slot.name, None)
+        if not callable(fn):
+            raise ConfigError(f"kernel file {file} defines no function {slot.name}({slot.signature})")
+        kernels[slot.name] = fn
+    return kernels
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_finite(losses: list[float], first_step: int = 0) -> None:
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"loss is {loss} at step {first_step + i}")
+
+
+def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> BenchData:
+    """Warm up, then time each step (CUDA events on GPU, perf_counter on CPU), then one timed-phase pass."""
+    for _ in range(req.warmup):
+        session.step()
+    _sync(device)
+    losses: list[torch.Tensor] = []
+    if device.type == "cuda":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(req.steps + 1)]
+        events[0].record()
+        for i in range(req.steps):
+            losses.append(session.step())
+            events[i + 1].record()
+        torch.cuda.synchronize(device)
+        step_s = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(req.steps)]
+    else:
+        step_s = []
+        for _ in range(req.steps):
+            start = time.perf_counter()
+            losses.append(session.step())
+            step_s.append(time.perf_counter() - start)
+    values = [float(x) for x in losses]
+    _check_finite(values, req.warmup)
+    session.timer.timing = True
+    for _ in range(req.phase_steps):
+        session.step()
+    session.timer.timing = False
+    phase_totals = session.timer.take()
+    phase_s = {name: total / max(req.phase_steps, 1) for name, total in phase_totals.items()}
+    return BenchData(step_s=step_s, phase_s=phase_s, samples_per_step=getattr(session, "batch_size", 0),
+                     final_loss=values[-1] if values else float("nan"), counters=session.counters())
+
+
+def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
+    """Loss and grad norms per step, then probe outputs and a parameter digest, all at a fixed seed."""
+    losses, norms = [], []
+    for _ in range(req.steps):
+        losses.append(float(session.step()))
+        norms.append(session.grad_norms())
+    _check_finite(losses)
+    return NumericsData(losses=losses, grad_norms=norms, probe=session.probe(), digest=session.param_digest(),
+                        counters=session.counters())
+
+
+def run_quality(session: Session, req: WorkerRequest) -> QualityData:
+    loss = torch.tensor(float("nan"))
+    for _ in range(req.steps):
+        loss = session.step()
+    _check_finite([float(loss)], req.steps - 1)
+    return QualityData(steps=req.steps, final_loss=float(loss), metrics=session.quality())
+
+
+def environment(device: torch.device) -> Environment:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return Environment(device=str(device), device_name=name, torch=torch.__version__, triton=triton_version,
+                       python=platform.python_version(), threads=torch.get_num_threads())
+
+
+def _device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for but torch sees no CUDA device here")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ConfigError(f"unknown device {name!r}; use cpu or cuda")
+    return torch.device(name)
+
+
+def execute(req: WorkerRequest) -> WorkerResult:
+    """Run the request; every failure the workload raises becomes a structured result."""
+    start = time.perf_counter()
+    result = WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size)
+    try:
+        if req.threads:
+            torch.set_num_threads(req.threads)
+        device = _device(req.device)
+        result.environment = environment(device)
+        target = resolve_target(req.target)
+        target.check_size(req.size)
+        config = target.knob_space.resolve(req.config)
+        result.config = config
+        kernels = load_kernels(req.kernels_dir, target)
+        session = target.build(config, req.size, kernels, device, req.seed)
+        if req.mode == "bench":
+            result.bench = run_bench(session, req, device)
+        elif req.mode == "numerics":
+            result.numerics = run_numerics(session, req)
+        else:
+            result.quality = run_quality(session, req)
+        result.ok = True
+    except ConfigError as exc:
+        result.failure = Failure(kind="config", message=str(exc))
+    except NonFiniteLoss as exc:
+        result.failure = Failure(kind="nan", message=str(exc))
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        result.failure = Failure(kind="oom", message=f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                                 detail=traceback.format_exc()[-4000:])
+    except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
+        result.failure = Failure(kind="exception", message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+                                 detail=traceback.format_exc()[-4000:])
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m targets.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--request", required=True, help="JSON file holding a WorkerRequest")
+    parser.add_argument("--result", required=True, help="where to write the WorkerResult JSON")
+    args = parser.parse_args(argv)
+    req = WorkerRequest.model_validate_json(Path(args.request).read_text())
+    result = execute(req)
+    tmp = Path(args.result).with_suffix(".tmp")
+    tmp.write_text(result.model_dump_json(indent=1))
+    os.replace(tmp, args.result)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

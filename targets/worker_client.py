@@ -1,0 +1,71 @@
+"""Runs the worker in a subprocess and always returns a WorkerResult, whatever the workload does.
+
+The child gets a scrubbed environment (no API keys or tokens), its own process group and a time
+limit. A hang is killed with its whole group and reported as ``timeout``; a crash (signal, hard exit,
+no result file) as ``crash`` with the tail of its stderr. The caller never dies with the workload.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from targets.worker_protocol import Failure, WorkerRequest, WorkerResult
+
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.IGNORECASE)
+SECRET_PREFIXES = ("OPENAI", "ANTHROPIC", "AZURE", "AWS_", "GOOGLE_", "HF_", "HUGGING")
+
+
+def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment without anything that looks like a credential."""
+    env = {k: v for k, v in os.environ.items()
+           if not SECRET_NAME.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The worker must import the caller's module:attr targets from the working directory.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _failed(req: WorkerRequest, kind: str, message: str, detail: str = "") -> WorkerResult:
+    return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
+                        failure=Failure(kind=kind, message=message, detail=detail))
+
+
+def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> WorkerResult:
+    """Run one request in a fresh process; return its result or a structured failure."""
+    with tempfile.TemporaryDirectory(prefix="sg-opt-worker-") as tmp:
+        request_file, result_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        stderr_file = Path(tmp) / "stderr.txt"
+        request_file.write_text(req.model_dump_json())
+        cmd = [sys.executable, "-m", "targets.worker", "--request", str(request_file), "--result", str(result_file)]
+        with open(stderr_file, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+                                    env=scrubbed_env(env), start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return _failed(req, "timeout", f"the worker did not finish within {timeout_s:g} s and was killed")
+        stderr_tail = stderr_file.read_bytes()[-4000:].decode(errors="replace")
+        if result_file.exists():
+            try:
+                return WorkerResult.model_validate_json(result_file.read_text())
+            except ValueError as exc:
+                return _failed(req, "crash", f"the worker wrote an unreadable result ({exc})", stderr_tail)
+        if code < 0:
+            return _failed(req, "crash", f"the worker was killed by {_signal_name(code)}", stderr_tail)
+        return _failed(req, "crash", f"the worker exited with code {code} without a result", stderr_tail)

@@ -1,0 +1,83 @@
+"""The records that cross the worker's process boundary: one request in, one result out.
+
+Both are versioned pydantic models written as JSON files, so a worker killed mid-run leaves no
+half-parsed state in the caller, and a result always says which failure happened and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+WORKER_SCHEMA_VERSION = 1
+
+Mode = Literal["bench", "numerics", "quality"]
+FailureKind = Literal["config", "crash", "timeout", "nan", "oom", "exception"]
+
+
+class WorkerRequest(BaseModel):
+    version: int = WORKER_SCHEMA_VERSION
+    target: str
+    size: str
+    mode: Mode
+    config: dict[str, Any] = Field(default_factory=dict, description="knob overrides; the rest take defaults")
+    kernels_dir: str | None = Field(None, description="directory of <slot>.py files replacing kernel slots")
+    device: str = "cpu"
+    seed: int = 0
+    steps: int = 20
+    warmup: int = 5
+    phase_steps: int = 5
+    threads: int | None = Field(None, description="torch intra-op threads on the CPU (None: torch's default)")
+
+
+class Failure(BaseModel):
+    kind: FailureKind
+    message: str
+    detail: str = ""
+
+
+class BenchData(BaseModel):
+    step_s: list[float]
+    phase_s: dict[str, float] = Field(description="mean seconds per step in each phase (synchronised pass)")
+    samples_per_step: int
+    final_loss: float
+    counters: dict[str, float] = Field(default_factory=dict)
+
+
+class NumericsData(BaseModel):
+    losses: list[float]
+    grad_norms: list[dict[str, float]]
+    probe: dict[str, list[float]]
+    digest: dict[str, Any]
+    counters: dict[str, float] = Field(default_factory=dict)
+
+
+class QualityData(BaseModel):
+    steps: int
+    final_loss: float
+    metrics: dict[str, float]
+
+
+class Environment(BaseModel):
+    device: str
+    device_name: str
+    torch: str
+    triton: str | None = None
+    python: str
+    threads: int
+
+
+class WorkerResult(BaseModel):
+    version: int = WORKER_SCHEMA_VERSION
+    ok: bool
+    mode: Mode
+    target: str
+    size: str
+    config: dict[str, Any] = Field(default_factory=dict, description="the full resolved config")
+    failure: Failure | None = None
+    bench: BenchData | None = None
+    numerics: NumericsData | None = None
+    quality: QualityData | None = None
+    environment: Environment | None = None
+    wall_s: float = 0.0

@@ -1,0 +1,78 @@
+"""The worker returns a structured result for every way a workload can fail, and runs the
+reference trainer end to end in a subprocess."""
+
+import pytest
+
+from targets.worker_client import run_worker, scrubbed_env
+from targets.worker_protocol import WorkerRequest
+
+FAULTY = "tests.fixtures.faulty_target:target"
+
+
+def _run(behaviour: str, timeout: float = 60.0, mode: str = "bench", env=None):
+    req = WorkerRequest(target=FAULTY, size="tiny", mode=mode, config={"behaviour": behaviour}, steps=5, warmup=1,
+                        phase_steps=1)
+    return run_worker(req, timeout_s=timeout, env=env)
+
+
+def test_ok_bench_returns_step_times():
+    result = _run("ok")
+    assert result.ok, result.failure
+    assert len(result.bench.step_s) == 5 and all(t > 0 for t in result.bench.step_s)
+    assert result.bench.phase_s["step"] > 0
+
+
+@pytest.mark.parametrize("behaviour,kind,words", [
+    ("crash", "crash", "SIGABRT"),
+    ("exit", "crash", "code 3"),
+    ("raise", "exception", "raised on purpose"),
+    ("oom", "oom", "out of memory"),
+    ("nan", "nan", "nan"),
+])
+def test_failures_are_structured(behaviour, kind, words):
+    result = _run(behaviour)
+    assert not result.ok
+    assert result.failure.kind == kind
+    assert words in result.failure.message
+
+
+def test_hang_is_killed_and_reported():
+    result = _run("hang", timeout=8.0)
+    assert not result.ok and result.failure.kind == "timeout"
+
+
+def test_bad_config_is_a_config_failure():
+    req = WorkerRequest(target=FAULTY, size="tiny", mode="bench", config={"behaviour": "explode"})
+    result = run_worker(req, timeout_s=60)
+    assert result.failure.kind == "config" and "behaviour" in result.failure.message
+
+
+def test_unknown_target_is_a_config_failure():
+    req = WorkerRequest(target="no-such-target", size="tiny", mode="bench")
+    result = run_worker(req, timeout_s=60)
+    assert result.failure.kind == "config" and "unknown target" in result.failure.message
+
+
+def test_worker_environment_has_no_secrets(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-real")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok")
+    env = scrubbed_env()
+    assert "OPENAI_API_KEY" not in env and "MY_SERVICE_TOKEN" not in env and "PATH" in env
+    result = _run("env")
+    assert result.ok, result.failure
+
+
+def test_numerics_mode_of_the_reference_trainer_is_deterministic():
+    req = WorkerRequest(target="haste-rec", size="tiny", mode="numerics", steps=4, threads=1)
+    first, second = run_worker(req, timeout_s=300), run_worker(req, timeout_s=300)
+    assert first.ok, first.failure
+    assert first.numerics.losses == second.numerics.losses
+    assert first.numerics.digest["sha256"] == second.numerics.digest["sha256"]
+    assert set(first.numerics.grad_norms[-1]) == {"encoder", "head", "tail", "embeddings"}
+
+
+def test_quality_mode_of_the_reference_trainer():
+    req = WorkerRequest(target="haste-rec", size="tiny", mode="quality", steps=3, threads=1)
+    result = run_worker(req, timeout_s=300)
+    assert result.ok, result.failure
+    assert 0.0 <= result.quality.metrics["P@1"] <= 1.0
