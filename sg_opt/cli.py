@@ -27,11 +27,21 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
 
 
 def _knob_table(target: Target) -> Table:
-    table = Table(title=f"{target.name}: {target.description}", show_lines=False)
-    for col in ("knob", "default", "domain", "category", "numerics", "why"):
-        table.add_column(col, overflow="fold")
+    """Knobs grouped by category; the reason column wraps, the names never do."""
+    table = Table(title=f"{target.name}: {target.description}")
+    table.add_column("knob", no_wrap=True, style="bold")
+    table.add_column("default", no_wrap=True)
+    table.add_column("domain", max_width=28)
+    table.add_column("numerics", no_wrap=True)
+    table.add_column("why", ratio=1, min_width=24)
+    by_category: dict[str, list] = {}
     for knob in target.knob_space:
-        table.add_row(knob.name, str(knob.default), knob.domain(), knob.category, knob.numerics, knob.why)
+        by_category.setdefault(knob.category, []).append(knob)
+    for category, knobs in by_category.items():
+        table.add_section()
+        table.add_row(f"[italic]{category}[/]", "", "", "", "")
+        for knob in knobs:
+            table.add_row(knob.name, str(knob.default), knob.domain(), knob.numerics, knob.why)
     return table
 
 

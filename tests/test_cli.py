@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
@@ -22,8 +23,10 @@ def test_targets_json_lists_knobs_with_reasons():
 
 
 def test_targets_table():
-    result = runner.invoke(app, ["targets"])
-    assert result.exit_code == 0 and "embedding_placement" in result.stdout
+    result = runner.invoke(app, ["targets"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    for word in ("embedding_placement", "embedding_opt_state_cache_fraction", "precision", "sizes: tiny"):
+        assert word in result.stdout
 
 
 def test_haste_rec_is_an_installed_entry_point():
@@ -36,7 +39,8 @@ def test_haste_rec_is_an_installed_entry_point():
     (["--set", "precision=fp8"], "precision"),
     (["--set", "bogus=1"], "unknown knob"),
     (["--config", "/no/such/file.toml"], "does not exist"),
-    (["--size", "tiny", "--device", "cuda"], "cuda"),
+    pytest.param(["--size", "tiny", "--device", "cuda"], "cuda",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")),
 ])
 def test_bench_bad_input_is_one_sentence_exit_2(args, words):
     result = runner.invoke(app, ["bench", *args])

@@ -38,18 +38,21 @@ def plan_by_frequency(access_counts: Sequence[torch.Tensor], fraction: float, mi
     """Rows per table that maximise hits of a static cache, at the uniform plan's total.
 
     Each table first gets its floor (min_rows, capped at its size; its most frequent rows), then
-    the remaining budget goes to the globally most frequent of all other rows. Ties are broken by
-    table index, then by rank within the table.
+    the remaining budget goes to the globally most frequent of all other rows. Equal counts, common
+    in a short measurement window, go to the row of lower rank within its table, then to the lower
+    table index: tied budget is spread over the tables instead of all going to the first one.
     """
     table_rows = [int(c.numel()) for c in access_counts]
     budget = sum(plan_uniform(table_rows, fraction, min_rows))
     floors = [min(rows, max(1, low)) for rows, low in zip(table_rows, min_rows)]
-    rest_freq, rest_table = [], []
+    rest_freq, rest_rank, rest_table = [], [], []
     for t, (counts, floor) in enumerate(zip(access_counts, floors)):
         ranked = torch.sort(counts.to(torch.int64), descending=True, stable=True).values[floor:]
         rest_freq.append(ranked)
+        rest_rank.append(torch.arange(floor, floor + ranked.numel()))
         rest_table.append(torch.full_like(ranked, t))
-    order = torch.sort(torch.cat(rest_freq), descending=True, stable=True).indices
+    by_rank = torch.sort(torch.cat(rest_rank), stable=True).indices        # ties: lower rank, then table
+    order = by_rank[torch.sort(torch.cat(rest_freq)[by_rank], descending=True, stable=True).indices]
     chosen = torch.cat(rest_table)[order[: budget - sum(floors)]]
     extra = torch.bincount(chosen, minlength=len(table_rows)).tolist()
     return [floor + e for floor, e in zip(floors, extra)]

@@ -60,12 +60,10 @@ class EmbeddingConfig:
         if self.grad_mode == "dense" and self.placement != "device":
             raise ConfigError(f"grad_mode dense needs placement device: {self.placement} tables are updated "
                               f"row-wise (use sparse or fused)")
-        for name, ok in (("cache_fraction", 0 < self.cache_fraction <= 1), ("lr", self.lr > 0), ("eps", self.eps > 0),
-                         ("opt_state_cache_fraction", 0 < self.opt_state_cache_fraction <= 1),
-                         ("init_std", self.init_std >= 0)):
-            if not ok:
-                raise ConfigError(f"{name} {getattr(self, name)} is out of range (fractions in (0, 1], lr and "
-                                  f"eps > 0, init_std >= 0)")
+        fractions = (self.cache_fraction, self.opt_state_cache_fraction)
+        if not all(0 < f <= 1 for f in fractions) or self.lr <= 0 or self.eps <= 0 or self.init_std < 0:
+            raise ConfigError(f"cache fractions must lie in (0, 1], lr and eps be positive and init_std non-negative,"
+                              f" not {fractions}, {self.lr}, {self.eps}, {self.init_std}")
 
 
 # -- the math every mode shares -------------------------------------------------------------------
@@ -111,10 +109,7 @@ def coalesce_rows(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor
 
 @dataclass
 class Lookup:
-    """One batch's lookup, as backward needs it to form per-unique-row gradients.
-
-    All but `rows` sit on the device where the pooling and row gradients happen.
-    """
+    """One batch's lookup as backward needs it; all but `rows` sit where pooling and row gradients happen."""
 
     rows: torch.Tensor            # distinct rows of the batch, sorted
     inverse: torch.Tensor         # position -> index into rows
@@ -363,24 +358,29 @@ class EmbeddingStore(nn.Module):
         super().__init__()
         self.layout = TableLayout(tuple(int(r) for r in table_rows))
         self.dim, self.cfg, self.device = dim, cfg, torch.device(device)
-        self.cache_rows = [0] * len(self.layout.table_rows)
-        self._rows = self._build(self.layout.initial_rows(dim, cfg.init_std, seed), access_counts,
-                                 max_unique_per_batch)
+        self.cache_rows, self.state_cache_rows = self._plan(access_counts, max_unique_per_batch)
+        self._rows = self._build(self.layout.initial_rows(dim, cfg.init_std, seed))
         self._anchor = torch.zeros(0, device=self.device, requires_grad=True)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fused_sq: list[torch.Tensor] = []
 
-    def _build(self, init: torch.Tensor, access_counts: list[torch.Tensor] | None,
-               max_unique_per_batch: Sequence[int] | None) -> _Rows:
-        cfg, device, table_rows = self.cfg, self.device, self.layout.table_rows
-        if cfg.placement == "device":
-            return _DeviceRows(init, device, cfg)
-        if cfg.placement == "host":
-            return _HostRows(init, device, cfg)
+    def _plan(self, access_counts: list[torch.Tensor] | None,
+              max_unique_per_batch: Sequence[int] | None) -> tuple[list[int], list[int]]:
+        """Rows per table of the parameter and the optimizer-state caches (none unless placement is cached)."""
+        cfg, table_rows = self.cfg, self.layout.table_rows
+        if cfg.placement != "cached":
+            return [0] * len(table_rows), [0] * len(table_rows)
         floors = list(max_unique_per_batch) if max_unique_per_batch is not None else [1] * len(table_rows)
-        self.cache_rows, state_rows = (plan_capacities(cfg.cache_plan, table_rows, fraction, floors, access_counts)
-                                       for fraction in (cfg.cache_fraction, cfg.opt_state_cache_fraction))
-        return _CachedRows(init, device, cfg, self.layout, self.cache_rows, state_rows)
+        params, states = (plan_capacities(cfg.cache_plan, table_rows, fraction, floors, access_counts)
+                          for fraction in (cfg.cache_fraction, cfg.opt_state_cache_fraction))
+        return params, states
+
+    def _build(self, init: torch.Tensor) -> _Rows:
+        if self.cfg.placement == "device":
+            return _DeviceRows(init, self.device, self.cfg)
+        if self.cfg.placement == "host":
+            return _HostRows(init, self.device, self.cfg)
+        return _CachedRows(init, self.device, self.cfg, self.layout, self.cache_rows, self.state_cache_rows)
 
     @property
     def _autograd_tables(self) -> bool:
@@ -449,8 +449,7 @@ class EmbeddingStore(nn.Module):
         out.update({key: out[f"param_{key}"] for key in ("hits", "misses", "miss_rate")})
         out.update({f"bytes_{way}": sum(out[f"{src}_bytes_{way}"] for src in ("param", "state", "lookup"))
                     for way in ("h2d", "d2h")})
-        state_rows = self._rows.states.capacities if isinstance(self._rows, _CachedRows) else [0]
-        out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(state_rows))})
+        out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(self.state_cache_rows))})
         out.update({f"cache_rows_t{t}": float(rows) for t, rows in enumerate(self.cache_rows)})
         return out
 

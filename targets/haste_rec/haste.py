@@ -172,10 +172,20 @@ class HasteOutput(nn.Module):
         """Logits [B, n_internal] in internal order (head, then tail groups k-major, padding included)."""
         if h.dim() != 2 or h.shape[1] != self.hidden:
             raise ValueError(f"HASTE input must be [B, {self.hidden}], got {tuple(h.shape)}")
-        tail = self._tail(h[:, :self.tail_dims])
+        tail = self.tail_logits(h)
         if self.head is None:
             return tail
-        return torch.cat([self.head(h), tail], dim=1)
+        return torch.cat([self.head_logits(h), tail], dim=1)
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The dense head's logits [B, n_head] (empty when there is no head)."""
+        if self.head is None:
+            return h.new_zeros(h.shape[0], 0)
+        return self.head(h)
+
+    def tail_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The group-shared tail's logits [B, K*G], from the first tail_dims dims of h."""
+        return self._tail(h[:, :self.tail_dims])
 
     def _tail(self, h: torch.Tensor) -> torch.Tensor:
         if self.backend == "torch":

@@ -66,7 +66,8 @@ def label_layout(data, grouping: str, shape: ModelShape, seed: int) -> tuple[tor
     elif grouping == "frequency":
         groups = group_by_frequency(tail, freq, shape.group_size)
     else:
-        groups = group_semantic(tail, data.label_feature_means(GROUPING_BATCHES), shape.group_size, gen)
+        groups = group_semantic(tail, data.label_feature_means(GROUPING_BATCHES), shape.group_size, gen,
+                                frequencies=freq)
     return head, groups
 
 
@@ -87,7 +88,8 @@ class HasteRecModel(nn.Module):
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config)
         counts = data.id_access_counts(PLAN_BATCHES) if emb_cfg.placement == "cached" else None
-        max_unique = [min(rows, 2 * pool * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
+        # The most distinct ids one batch can hold per table (bags are pool +- 50%): the cache's floor.
+        max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
         self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,
                                          access_counts=counts, max_unique_per_batch=max_unique)
         torch.manual_seed(seed)

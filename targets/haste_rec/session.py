@@ -24,7 +24,7 @@ from targets.haste_rec.sizes import HasteRecSize
 from targets.protocol import PhaseTimer, sequence_digest
 
 PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
-ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 1e-3, 0.05, 0.9
+ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 3e-3, 0.5, 0.9
 REWIRE_FRACTION = 0.1
 PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
 
@@ -58,7 +58,7 @@ class HasteRecSession:
                                           **flags)
         self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
                                      prefetch=config["prefetch_to_device"],
-                                     sparse_on_device=config["embedding_placement"] != "host")
+                                     sparse_on_device=config["embedding_placement"] == "device")
         self.rewire_gen = torch.Generator().manual_seed(seed + 101)
         self.steps_done = 0
         self.track_grad_norms = False

@@ -45,10 +45,10 @@ def _spread(n: int, lo: float, hi: float) -> tuple[float, ...]:
 SIZES: dict[str, HasteRecSize] = {
     s.name: s
     for s in (
-        HasteRecSize("tiny", num_labels=512, num_clusters=16, hidden=32, encoder_hidden=64, fan_in=8,
+        HasteRecSize("tiny", num_labels=512, num_clusters=64, hidden=32, encoder_hidden=64, fan_in=8,
                      group_size=8, head_fraction=0.05, batch_size=32, table_rows=(1000, 2000, 500),
                      table_zipf=(0.8, 1.1, 1.3), pooling=(4, 3, 2), embedding_dim=16, num_dense=8,
-                     heldout_size=256, quality_steps=150),
+                     heldout_size=256, quality_steps=300),
         HasteRecSize("small", num_labels=8192, num_clusters=256, hidden=128, encoder_hidden=256,
                      fan_in=16, group_size=16, head_fraction=0.05, batch_size=128,
                      table_rows=(20_000, 50_000, 100_000, 30_000, 80_000, 10_000, 60_000, 40_000),

@@ -200,6 +200,12 @@ def test_frequency_plan_keeps_the_total_and_floors():
     assert plan_by_frequency(counts, 0.2, [0, 3]) == plan_by_frequency(counts, 0.2, [0, 3])
 
 
+def test_equal_counts_are_spread_over_tables():
+    # a short window leaves many rows at the same count: ties must not all go to table 0
+    counts = [torch.ones(100, dtype=torch.int64), torch.ones(100, dtype=torch.int64)]
+    assert plan_by_frequency(counts, 0.1, [0, 0]) == [10, 10]
+
+
 def test_expected_miss_rate_of_a_static_cache():
     counts = [torch.tensor([6, 3, 1]), torch.tensor([0, 10])]
     assert expected_miss_rate(counts, [1, 1]) == pytest.approx(4 / 20)

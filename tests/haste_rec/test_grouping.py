@@ -150,3 +150,17 @@ def test_group_semantic_all_unseen_is_frequency_grouping() -> None:
     freq = torch.randperm(n, generator=torch.Generator().manual_seed(0)).float()
     groups = group_semantic(torch.arange(n), torch.zeros(n, 5), G, torch.Generator(), frequencies=freq)
     assert torch.equal(groups, group_by_frequency(torch.arange(n), freq, G))
+
+
+def test_capacity_assign_keeps_the_closest_and_moves_leftovers_to_the_nearest_with_room() -> None:
+    # one node, 4 rows, 3 clusters with room for 1, 2 and 1 rows
+    sims = torch.tensor([[[0.5, 0.2, 0.4],
+                          [0.7, 0.6, 0.1],
+                          [0.9, 0.1, 0.3],
+                          [0.2, 0.8, 0.0]]])
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    assign = grouping._capacity_assign(sims, valid, torch.tensor([[1, 2, 1]]))
+    # rows 0-2 all want cluster 0, which keeps the closest, row 2; row 0's next choice is cluster 2, row 1's is 1
+    assert assign.tolist() == [[2, 1, 0, 1]]
+    with pytest.raises(ValueError):
+        grouping._capacity_assign(sims, valid, torch.tensor([[1, 1, 1]]))

@@ -11,9 +11,11 @@ from targets.haste_rec.haste import HasteOutput, zero_rewired_state
 from targets.haste_rec.tail_slots import tail_forward
 from targets.protocol import ConfigError
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def _layer(seed: int, n_head: int, n_tail: int, G: int, H: int = 24, tail_dims: int = 19, F: int = 6,
-           dtype: torch.dtype = torch.float32, **kwargs) -> HasteOutput:
+           dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs) -> HasteOutput:
     """A layer over n_head + n_tail labels shuffled between head and tail, the tail in groups of G."""
     labels = torch.randperm(n_head + n_tail, generator=torch.Generator().manual_seed(seed))
     groups = torch.full((math.ceil(n_tail / G) * G,), -1)
@@ -21,7 +23,7 @@ def _layer(seed: int, n_head: int, n_tail: int, G: int, H: int = 24, tail_dims: 
     layer = HasteOutput(H, tail_dims, labels[:n_head], groups.reshape(-1, G), F, seed=seed, **kwargs)
     with torch.no_grad():  # non-zero tail biases, so they are checked too
         layer.tail_bias.normal_(generator=torch.Generator().manual_seed(seed + 1))
-    return layer.to(dtype)
+    return layer.to(device, dtype)
 
 
 def _random_case(seed: int) -> dict:
@@ -44,14 +46,16 @@ def _dense_forward(layer: HasteOutput, h: torch.Tensor, dense: torch.Tensor) -> 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("n_head", [0, 5])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_tail_equals_masked_dense_layer(backend: str, dtype: torch.dtype, tol: float, n_head: int, seed: int) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_tail_equals_masked_dense_layer(backend: str, dtype: torch.dtype, tol: float, n_head: int, seed: int,
+                                        device: str) -> None:
     case = _random_case(seed)
     layer = _layer(seed, n_head, case["n_tail"], case["G"], case["H"], case["tail_dims"], case["F"],
-                   dtype=dtype, backend=backend)
+                   dtype=dtype, device=device, backend=backend)
     assert case["n_tail"] % case["G"] and not layer.valid_mask.all(), "the case must have padding"
     g = torch.Generator().manual_seed(100 + seed)
-    h = torch.randn(7, case["H"], dtype=dtype, generator=g, requires_grad=True)
-    coeff = torch.randn(7, layer.n_internal, dtype=dtype, generator=g) * layer.valid_mask
+    h = torch.randn(7, case["H"], dtype=dtype, generator=g).to(device).requires_grad_(True)
+    coeff = torch.randn(7, layer.n_internal, dtype=dtype, generator=g).to(device) * layer.valid_mask
 
     logits = layer(h)
     (logits * coeff).sum().backward()
@@ -74,11 +78,12 @@ def test_tail_equals_masked_dense_layer(backend: str, dtype: torch.dtype, tol: f
 
 
 @pytest.mark.parametrize("n_head", [0, 4])
-def test_backends_agree_exactly_in_float32(n_head: int) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_backends_agree_exactly_in_float32(n_head: int, device: str) -> None:
     results = []
     for backend in ("torch", "slots"):
-        layer = _layer(3, n_head, 50, 8, backend=backend)
-        h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        layer = _layer(3, n_head, 50, 8, device=device, backend=backend)
+        h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
         logits = layer(h)
         logits.square().sum().backward()
         results.append((logits.detach(), h.grad, layer.tail_weight.grad, layer.tail_bias.grad))
@@ -86,12 +91,13 @@ def test_backends_agree_exactly_in_float32(n_head: int) -> None:
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_backends_agree_under_autocast() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_backends_agree_under_autocast(device: str) -> None:
     results = []
     for backend in ("torch", "slots"):
-        layer = _layer(4, 3, 45, 8, backend=backend)
-        h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0), requires_grad=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer = _layer(4, 3, 45, 8, device=device, backend=backend)
+        h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
+        with torch.autocast(device, dtype=torch.bfloat16):
             logits = layer(h)
         logits.float().square().sum().backward()
         results.append((logits, h.grad, layer.tail_weight.grad, layer.tail_bias.grad))
@@ -102,7 +108,8 @@ def test_backends_agree_under_autocast() -> None:
 
 # ----------------------------------------------------------------------------- slot overrides
 
-def _looped_tail_forward(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _looped_tail_forward(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
     """An independent tail_forward: one matmul per group."""
     out = torch.cat([h[:, idx[k]] @ w[k].T for k in range(w.shape[0])], dim=1)
     return out if bias is None else out + bias.reshape(-1)
@@ -180,12 +187,13 @@ def _distinct_magnitudes(layer: HasteOutput) -> None:
     with torch.no_grad():  # strengths sum_g |W| all distinct, so the weakest slots are unambiguous
         K, G, F = layer.tail_weight.shape
         scale = torch.randperm(K * F, generator=torch.Generator().manual_seed(9)).reshape(K, 1, F) + 1.0
-        layer.tail_weight.copy_(layer.tail_weight.sign() * scale)
+        layer.tail_weight.copy_(layer.tail_weight.sign() * scale.to(layer.tail_weight.device))
 
 
 @pytest.mark.parametrize("fraction", [0.25, 0.5])
-def test_rewire_prunes_weakest_and_regrows_fresh_dims(fraction: float) -> None:
-    layer = _layer(10, 2, 60, 8, tail_dims=20, F=8)
+@pytest.mark.parametrize("device", DEVICES)
+def test_rewire_prunes_weakest_and_regrows_fresh_dims(fraction: float, device: str) -> None:
+    layer = _layer(10, 2, 60, 8, tail_dims=20, F=8, device=device)
     _distinct_magnitudes(layer)
     before_idx, before_w = layer.tail_index.clone(), layer.tail_weight.detach().clone()
     strength = before_w.abs().sum(dim=1)
@@ -207,9 +215,10 @@ def test_rewire_prunes_weakest_and_regrows_fresh_dims(fraction: float) -> None:
                        before_w[~mask[:, None, :].expand_as(before_w)])
 
 
-def test_rewire_changes_logits_only_by_the_pruned_contributions() -> None:
-    layer = _layer(11, 3, 40, 6)
-    h = torch.randn(5, 24, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("device", DEVICES)
+def test_rewire_changes_logits_only_by_the_pruned_contributions(device: str) -> None:
+    layer = _layer(11, 3, 40, 6, device=device)
+    h = torch.randn(5, 24, generator=torch.Generator().manual_seed(1)).to(device)
     idx_before = layer.tail_index.clone()
     with torch.no_grad():
         before, dense_before = layer(h), layer.as_dense_weight()
@@ -218,7 +227,7 @@ def test_rewire_changes_logits_only_by_the_pruned_contributions() -> None:
     K, G, F = layer.tail_weight.shape
     expected = dense_before.clone().reshape(K, G, -1)
     k, f = mask.nonzero(as_tuple=True)
-    expected[k[:, None], torch.arange(G)[None, :], idx_before[k, f][:, None]] = 0.0
+    expected[k[:, None], torch.arange(G, device=device)[None, :], idx_before[k, f][:, None]] = 0.0
     expected = expected.reshape(K * G, -1)
     assert torch.equal(dense_after, expected), "only the pruned entries leave; regrown ones start at zero"
     removed = h[:, :layer.tail_dims] @ (dense_before - expected).T
@@ -249,10 +258,11 @@ def test_rewire_nothing() -> None:
         layer.rewire(1.5, torch.Generator())
 
 
-def test_zero_rewired_state_clears_moments_at_rewired_slots() -> None:
-    layer = _layer(14, 3, 40, 6)
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_rewired_state_clears_moments_at_rewired_slots(device: str) -> None:
+    layer = _layer(14, 3, 40, 6, device=device)
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.1)
-    layer(torch.randn(5, 24)).square().sum().backward()
+    layer(torch.randn(5, 24, device=device)).square().sum().backward()
     optimizer.step()
     state = {name: t.clone() for name, t in optimizer.state[layer.tail_weight].items()}
     head_state = {name: t.clone() for name, t in optimizer.state[layer.head.weight].items()}

@@ -14,6 +14,7 @@ RAGGED_TAIL = ({"B": 5, "Ht": 17, "K": 9, "G": 3, "F": 7, "bias": 1},
                {"B": 1, "Ht": 8, "K": 1, "G": 1, "F": 1, "bias": 1})
 RAGGED_PERLABEL = ({"B": 5, "Ht": 17, "L": 29, "F": 7}, {"B": 11, "Ht": 9, "L": 3, "F": 9})
 MAX_CPU_WORK = 2e7  # default shapes up to this many multiply-adds are checked here
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _shapes(slot: KernelSlot) -> list[dict]:
@@ -25,8 +26,12 @@ def _shapes(slot: KernelSlot) -> list[dict]:
 CASES = [(slot.name, shape) for slot in TAIL_SLOTS for shape in _shapes(slot)]
 
 
-def _inputs(slot: KernelSlot, shape: dict, dtype: torch.dtype, seed: int = 0) -> tuple:
-    return slot.make_inputs(shape, dtype, "cpu", torch.Generator().manual_seed(seed))
+def _inputs(slot: KernelSlot, shape: dict, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> tuple:
+    return slot.make_inputs(shape, dtype, device, torch.Generator().manual_seed(seed))
+
+
+def _cpu(inputs: tuple) -> tuple:
+    return tuple(t.cpu() if torch.is_tensor(t) else t for t in inputs)
 
 
 # ----------------------------------------------------------------------------- independent math
@@ -65,13 +70,16 @@ def _expected(name: str, inputs: tuple) -> torch.Tensor:
 
 @pytest.mark.parametrize("name,shape", CASES)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
-def test_reference_matches_independent_float64(name: str, shape: dict, dtype: torch.dtype, tol: float) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_reference_matches_independent_float64(name: str, shape: dict, dtype: torch.dtype, tol: float,
+                                               device: str) -> None:
     slot = SLOTS[name]
-    inputs = _inputs(slot, shape, dtype)
+    inputs = _inputs(slot, shape, dtype, device=device)
+    assert all(t.device.type == device for t in inputs if torch.is_tensor(t))
     out = slot.reference(*inputs)
-    expected = _expected(name, inputs)
-    assert out.dtype == dtype and out.shape == expected.shape
-    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * 10)
+    expected = _expected(name, _cpu(inputs))
+    assert out.dtype == dtype and out.shape == expected.shape and out.device.type == device
+    torch.testing.assert_close(out.double().cpu(), expected, rtol=tol, atol=tol * 10)
 
 
 @pytest.mark.parametrize("name,shape", CASES)
