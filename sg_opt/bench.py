@@ -13,9 +13,9 @@ from targets.worker_protocol import WorkerRequest, WorkerResult
 
 
 def bench(target: str, size: str, overrides: dict[str, Any], device: str, steps: int, warmup: int,
-          phase_steps: int, timeout_s: float, threads: int | None = None) -> WorkerResult:
+          phase_steps: int, timeout_s: float, threads: int | None = None, data: str | None = None) -> WorkerResult:
     req = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device, steps=steps,
-                        warmup=warmup, phase_steps=phase_steps, threads=threads)
+                        warmup=warmup, phase_steps=phase_steps, threads=threads, data=data)
     return run_worker(req, timeout_s=timeout_s)
 
 

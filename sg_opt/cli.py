@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -71,6 +72,8 @@ def bench(
     size: str = typer.Option("small", help="size preset of the target"),
     config: Optional[str] = typer.Option(None, "--config", help="TOML file of knob values"),
     set_: list[str] = typer.Option([], "--set", help="knob=value, repeatable"),
+    data: Optional[str] = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification "
+                                       "text format) instead of synthetic data"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
     steps: int = typer.Option(20, min=1, help="timed steps"),
     warmup: int = typer.Option(5, min=0, help="untimed steps first"),
@@ -87,14 +90,21 @@ def bench(
         resolved = resolve_target(target)
         resolved.check_size(size)
         overrides = build_overrides(resolved.knob_space, config, set_)
+        if data is not None and not resolved.data_formats:
+            raise ConfigError(f"target {resolved.name} reads no data files; drop --data")
+        if data is not None and not Path(data).is_file():
+            raise ConfigError(f"data file {data} does not exist")
     except ConfigError as exc:
         fail(str(exc))
     with console.status(f"benchmarking {target} @ {size} on {device} ..."):
-        result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads)
+        result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data)
     if as_json:
         print(result.model_dump_json(indent=1))
     if not result.ok:
-        fail(f"{result.failure.kind}: {result.failure.message}", code=EXIT_USAGE if result.failure.kind == "config" else 1)
+        failure = result.failure
+        if failure.kind == "config":
+            fail(failure.message)
+        fail(f"the workload failed ({failure.kind}): {failure.message}", code=1)
     if not as_json:
         render(result, console)
 

@@ -214,10 +214,11 @@ class Target:
     description: str
     knob_space: KnobSpace
     sizes: tuple[str, ...]
-    build: Callable[..., Session]  # build(config, size, kernels, device, seed) -> Session
+    build: Callable[..., Session]  # build(config, size, kernels, device, seed[, data=path]) -> Session
     kernel_slots: tuple[KernelSlot, ...] = ()
     phases: tuple[str, ...] = ()
     default_size: str = ""
+    data_formats: tuple[str, ...] = ()  # file formats build(..., data=path) reads; empty: synthetic only
 
     def slot(self, name: str) -> KernelSlot:
         for slot in self.kernel_slots:

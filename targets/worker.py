@@ -147,7 +147,14 @@ def execute(req: WorkerRequest) -> WorkerResult:
         config = target.knob_space.resolve(req.config)
         result.config = config
         kernels = load_kernels(req.kernels_dir, target)
-        session = target.build(config, req.size, kernels, device, req.seed)
+        extra = {}
+        if req.data:
+            if not target.data_formats:
+                raise ConfigError(f"target {target.name} reads no data files; drop --data")
+            if not Path(req.data).is_file():
+                raise ConfigError(f"data file {req.data} does not exist")
+            extra["data"] = req.data
+        session = target.build(config, req.size, kernels, device, req.seed, **extra)
         if req.mode == "bench":
             result.bench = run_bench(session, req, device)
         elif req.mode == "numerics":

@@ -23,6 +23,7 @@ class WorkerRequest(BaseModel):
     mode: Mode
     config: dict[str, Any] = Field(default_factory=dict, description="knob overrides; the rest take defaults")
     kernels_dir: str | None = Field(None, description="directory of <slot>.py files replacing kernel slots")
+    data: str | None = Field(None, description="a data file, for targets that read one (see Target.data_formats)")
     device: str = "cpu"
     seed: int = 0
     steps: int = 20

@@ -54,3 +54,30 @@ def test_bench_tiny_prints_tables():
     assert result.exit_code == 0, result.output
     for word in ("median ms", "embed", "tail", "optimizer"):
         assert word in result.stdout
+
+
+def _write_xc(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_bench_on_an_extreme_classification_file(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(80):
+        labels = sorted(set(torch.randint(0, 40, (2,), generator=gen).tolist()))
+        feats = sorted(set(torch.randint(0, 30, (4,), generator=gen).tolist()))
+        rows.append(",".join(map(str, labels)) + " " + " ".join(f"{f}:{0.5 + f / 30:.3f}" for f in feats))
+    path = _write_xc(tmp_path / "train.txt", ["80 30 40", *rows])
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--data", path, "--steps", "3", "--warmup", "1",
+                                 "--phase-steps", "1", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["ok"] and len(payload["bench"]["step_s"]) == 3
+
+
+def test_bench_on_a_malformed_file_names_the_line(tmp_path):
+    path = _write_xc(tmp_path / "bad.txt", ["2 30 40", "1,2 3:1.0", "1,99 3:1.0"])
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--data", path, "--threads", "1"])
+    assert result.exit_code == 2, result.output
+    assert "line 3" in result.output and "Traceback" not in result.output

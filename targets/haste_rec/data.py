@@ -26,6 +26,8 @@ from targets.protocol import ConfigError
 DENSE_NOISE_STD = 0.5        # std of the Gaussian noise around a cluster centroid
 EXTRA_LABEL_PROB = 0.05      # probability that a sample also gets one label drawn from all labels
 MAX_POSITIVES_FACTOR = 4     # draws of cluster labels are capped at this times labels_per_sample
+SPARSE_BUCKETS = 4096        # hashed buckets per table behind the sparse part of label features
+SPARSE_PROJECTION_DIM = 32   # width of the fixed random projection of a sample's hashed sparse ids
 
 
 class RetrievalData(Protocol):
@@ -39,7 +41,7 @@ class RetrievalData(Protocol):
     def heldout(self) -> Batch: ...
     def label_frequencies(self) -> torch.Tensor: ...
     def id_access_counts(self, num_batches: int, start: int = 0) -> list[torch.Tensor]: ...
-    def label_feature_means(self, num_batches: int) -> torch.Tensor: ...
+    def label_feature_means(self, num_batches: int) -> torch.Tensor: ...  # [L, d], d per source
 
 
 def seeded_generator(seed: int, stream: str, index: int = 0) -> torch.Generator:
@@ -322,9 +324,26 @@ class SyntheticData:
         return count_id_accesses(batches, self.table_rows)
 
     def label_feature_means(self, num_batches: int) -> torch.Tensor:
-        """float32 [L, num_dense]: mean dense features of each label's positives in the first batches."""
+        """float32 [L, num_dense + 32]: per label, the mean features of its positives in the first batches.
+
+        A sample's features are its dense vector and a fixed random projection of its hashed sparse
+        ids (the hashing trick keeps the projection small whatever the table sizes), so labels whose
+        positives look up the same rows end up close, as HASTE's label embeddings from features do.
+        """
+        tables = len(self.table_rows)
+        projection = torch.randn(tables * SPARSE_BUCKETS, SPARSE_PROJECTION_DIM,
+                                 generator=seeded_generator(self.spec.seed, "sparse-projection"))
+        projection /= math.sqrt(SPARSE_PROJECTION_DIM * tables)
+
+        def features(batch: Batch) -> torch.Tensor:
+            sparse = 0
+            for table, (ids, offsets) in enumerate(zip(batch.ids, batch.offsets)):
+                buckets = (ids * 2_654_435_761) % SPARSE_BUCKETS + table * SPARSE_BUCKETS
+                sparse = sparse + torch.nn.functional.embedding_bag(buckets, projection, offsets, mode="mean")
+            return torch.cat([batch.dense, sparse], dim=1)
+
         batches = (self.train_batch(i) for i in range(num_batches))
-        return mean_vector_per_label(batches, self.num_labels, lambda batch: batch.dense)
+        return mean_vector_per_label(batches, self.num_labels, features)
 
     def _draw(self, batch_size: int, gen: torch.Generator) -> Batch:
         clusters, labels, label_offsets = self._labels.sample(batch_size, gen)

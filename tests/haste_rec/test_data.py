@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from targets.haste_rec.batch import Batch
-from targets.haste_rec.data import SyntheticData, SyntheticSpec, zipf_ranks
+from targets.haste_rec.data import SPARSE_PROJECTION_DIM, SyntheticData, SyntheticSpec, zipf_ranks
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
 from targets.protocol import ConfigError
 
@@ -132,7 +132,7 @@ def test_samples_sharing_a_label_share_sparse_ids(data: SyntheticData) -> None:
 
 def test_label_feature_means_cluster_co_occurring_labels(data: SyntheticData) -> None:
     means = data.label_feature_means(num_batches=50)
-    assert means.shape == (SPEC.num_labels, SPEC.num_dense) and means.dtype == torch.float32
+    assert means.shape == (SPEC.num_labels, SPEC.num_dense + SPARSE_PROJECTION_DIM) and means.dtype == torch.float32
     seen = torch.bincount(torch.cat([data.train_batch(i).labels for i in range(50)]), minlength=SPEC.num_labels) > 0
     assert torch.equal(means.norm(dim=1) > 0, seen)
     heldout = data.heldout()
