@@ -1,0 +1,164 @@
+"""Where the embedding rows and their Adagrad state live: on the device, on the host, or in a
+device cache over host tables with parameters and optimizer state cached independently."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
+from targets.haste_rec.row_cache import TableCaches, gather_to_device, should_pin, to_device
+from targets.haste_rec.row_ops import (Lookup, TableLayout, apply_rowwise_adagrad_, coalesce_rows, make_lookup,
+                                       pool, row_gradients)
+
+# -- where the rows and their Adagrad state live ----------------------------------------------------
+COUNTERS = tuple(f"{cache}_{what}" for cache in ("param", "state") for what in ("hits", "misses", "bytes_h2d",
+                 "bytes_d2h")) + ("lookup_bytes_h2d", "lookup_bytes_d2h")
+
+
+class _Rows(ABC):
+    """All tables' rows: lookup without autograd, row-wise update, snapshot, traffic counters."""
+
+    index_device: torch.device  # where lookups want the batch's ids
+
+    def __init__(self, device: torch.device, cfg: EmbeddingConfig):
+        self.device, self.cfg = device, cfg
+        self.pinned = should_pin(cfg.pin_memory, device)
+        self.bytes_h2d = 0  # host-table lookup traffic (pooled vectors, rows, gradients), counted as
+        self.bytes_d2h = 0  # what crosses to an accelerator, also when the compute device is the CPU
+
+    @abstractmethod
+    def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
+               record: bool) -> tuple[torch.Tensor, Lookup]: ...
+
+    @abstractmethod
+    def update(self, rows: torch.Tensor | None, grads: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """CPU copies of (weights [rows, dim], Adagrad state [rows, 1])."""
+
+    def row_grads(self, lookup: Lookup, grad_pooled: torch.Tensor) -> torch.Tensor:
+        return row_gradients(grad_pooled.to(lookup.inverse.device), lookup)
+
+    def counters(self) -> dict[str, float]:
+        return dict.fromkeys(COUNTERS, 0.0) | {"lookup_bytes_h2d": self.bytes_h2d, "lookup_bytes_d2h": self.bytes_d2h}
+
+
+def _host_buffers(init: torch.Tensor, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return (init.pin_memory() if pinned else init), torch.zeros(init.shape[0], 1, pin_memory=pinned)
+
+
+class _DeviceRows(_Rows):
+    """Weights and state on the compute device; an autograd leaf for the dense and sparse modes."""
+
+    def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig):
+        super().__init__(device, cfg)
+        self.index_device = device
+        self.weight = nn.Parameter(init.to(device), requires_grad=cfg.grad_mode != "fused")
+        self.state = torch.zeros(init.shape[0], 1, device=device)
+
+    def autograd_pool(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        return pool(ids, self.weight, offsets, weights, sparse=self.cfg.grad_mode == "sparse")
+
+    def autograd_grads(self) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """(rows or None for all, per-row gradient) from the leaf's dense or sparse .grad."""
+        g = self.weight.grad
+        if g is None or not g.is_sparse:
+            return None if g is None else (None, g)
+        # _indices/_values read the uncoalesced gradient: coalesce_rows sums it in position order
+        return coalesce_rows(g._indices()[0], g._values())
+
+    def lookup(self, ids, offsets, weights, record):
+        lookup = make_lookup(ids, offsets, weights, self.device)
+        return pool(ids, self.weight, lookup.offsets, lookup.weights), lookup
+
+    @torch.no_grad()
+    def update(self, rows, grads):
+        apply_rowwise_adagrad_(self.weight, rows, self.state, rows, grads, self.cfg.lr, self.cfg.eps)
+
+    def snapshot(self):
+        return self.weight.detach().cpu().clone(), self.state.cpu().clone()
+
+
+class _HostRows(_Rows):
+    """Weights and state in host memory; lookups and updates on the host."""
+
+    index_device = CPU
+
+    def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig):
+        super().__init__(device, cfg)
+        self.weight, self.state = _host_buffers(init, self.pinned)
+
+    def lookup(self, ids, offsets, weights, record):
+        if self.cfg.pool_on_host:  # only [bags, dim] crosses; backward brings d(pooled) back to the host
+            pooled = pool(ids, self.weight, offsets, weights)
+            self.bytes_h2d += pooled.numel() * pooled.element_size()
+            return to_device(pooled, self.device, self.pinned), make_lookup(ids, offsets, weights, CPU)
+        lookup = make_lookup(ids, offsets, weights, self.device)
+        gathered = gather_to_device(self.weight, lookup.rows, self.device, self.pinned)  # each distinct row once
+        self.bytes_h2d += gathered.numel() * gathered.element_size()
+        return pool(lookup.inverse, gathered, lookup.offsets, lookup.weights), lookup
+
+    def row_grads(self, lookup, grad_pooled):
+        if self.cfg.pool_on_host:  # the pooled vectors' gradient goes down; rows are summed on the host
+            self.bytes_d2h += grad_pooled.numel() * grad_pooled.element_size()
+        return super().row_grads(lookup, grad_pooled)
+
+    def update(self, rows, grads):
+        if not self.cfg.pool_on_host:  # row gradients were formed on the device: they come down
+            self.bytes_d2h += grads.numel() * grads.element_size()
+        apply_rowwise_adagrad_(self.weight, rows, self.state, rows, grads.cpu(), self.cfg.lr, self.cfg.eps)
+
+    def snapshot(self):
+        return self.weight.clone(), self.state.clone()
+
+
+class _CachedRows(_Rows):
+    """Host weights and state, each behind its own per-table device caches with their own budgets."""
+
+    index_device = CPU  # the id -> slot maps live on the host
+
+    def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig, layout: TableLayout,
+                 capacities: Sequence[int], state_capacities: Sequence[int]):
+        super().__init__(device, cfg)
+        weight, state = _host_buffers(init, self.pinned)
+        self.params, self.states = (TableCaches(host, layout.table_rows, caps, cfg.eviction, device, cfg.pin_memory,
+                                                name) for host, caps, name in
+                                    ((weight, capacities, "row cache"), (state, state_capacities, "state cache")))
+        self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
+
+    def lookup(self, ids, offsets, weights, record):
+        lookup = make_lookup(ids, offsets, weights, self.device)
+        slots = self.params.prepare(lookup.rows, record)
+        return pool(slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
+
+    def update(self, rows, grads):
+        rows, grads = rows.cpu(), grads.to(self.device)
+        for part in self._rounds(rows):
+            param_slots = self.params.prepare(rows[part], record=False)  # resident since the lookup
+            state_slots = self.states.prepare(rows[part], record=True)
+            apply_rowwise_adagrad_(self.params.device_rows, param_slots, self.states.device_rows, state_slots,
+                                   grads[part.to(self.device)], self.cfg.lr, self.cfg.eps)
+
+    def _rounds(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Positions of `rows` in rounds that fit every table's caches: one round unless several
+        backwards were accumulated; rows are distinct, so splitting changes no arithmetic."""
+        bounds = self.params.bounds(rows)
+        rounds = max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(bounds, self.chunk))
+        for r in range(rounds):
+            yield torch.cat([torch.arange(min(hi, lo + r * chunk), min(hi, lo + (r + 1) * chunk))
+                             for (lo, hi), chunk in zip(bounds, self.chunk)])
+
+    def snapshot(self):
+        self.params.flush()
+        self.states.flush()
+        return self.params.host_rows.clone(), self.states.host_rows.clone()
+
+    def counters(self):
+        return super().counters() | {f"{name}_{key}": value for name, caches in (("param", self.params),
+                                     ("state", self.states)) for key, value in caches.counters().items()}

@@ -1,0 +1,122 @@
+"""The row math every embedding mode shares: row-wise Adagrad, per-row gradient formation, pooling,
+and the one row space all tables live in (table t's rows follow table t-1's, as in FBGEMM's
+table-batched embeddings), so a step pools and updates with one operation each.
+
+Row-wise Adagrad (FBGEMM/DLRM): state[r] += mean(g_r ** 2); w_r -= lr * g_r / (sqrt(state[r]) + eps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from targets.haste_rec.batch import Batch
+
+# -- the math every mode shares -------------------------------------------------------------------
+def rowwise_adagrad(weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """New (weights [n, dim], state [n, 1]) after one row-wise Adagrad step with `grads` [n, dim]."""
+    state = state + grads.pow(2).mean(dim=1, keepdim=True)
+    return weights - lr * grads / (state.sqrt() + eps), state
+
+
+def apply_rowwise_adagrad_(weight: torch.Tensor, w_index: torch.Tensor | None, state: torch.Tensor,
+                           s_index: torch.Tensor | None, grads: torch.Tensor, lr: float, eps: float) -> None:
+    """Row-wise Adagrad in place on weight[w_index] and state[s_index] (both None: every row)."""
+    if w_index is None or s_index is None:
+        weight[...], state[...] = rowwise_adagrad(weight, state, grads, lr, eps)
+        return
+    new_w, new_s = rowwise_adagrad(weight.index_select(0, w_index), state.index_select(0, s_index), grads, lr, eps)
+    weight.index_copy_(0, w_index, new_w)
+    state.index_copy_(0, s_index, new_s)
+
+
+def segment_sum(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """out[s] = sum of values[i] with segment[i] == s, added once each in the order of i.
+
+    A stable sort groups each segment's contributions, then one sequential reduction per segment
+    sums them: deterministic on every device (no atomics). Every segment must be non-empty.
+    """
+    order = torch.argsort(segment, stable=True)
+    counts = torch.bincount(segment, minlength=num_segments)
+    return torch.segment_reduce(values.index_select(0, order), "sum", lengths=counts, axis=0)
+
+
+def unique_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted distinct ids, position -> index into them)."""
+    return torch.unique(ids, sorted=True, return_inverse=True)
+
+
+def coalesce_rows(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct rows, summed gradient of each) from per-occurrence rows and gradients."""
+    unique, inverse = unique_ids(rows)
+    return unique, segment_sum(grads, inverse.to(grads.device), unique.numel())
+
+
+@dataclass
+class Lookup:
+    """One batch's lookup as backward needs it; all but `rows` sit where pooling and row gradients happen."""
+
+    rows: torch.Tensor            # distinct rows of the batch, sorted
+    inverse: torch.Tensor         # position -> index into rows
+    offsets: torch.Tensor         # bag starts
+    bag_of: torch.Tensor          # position -> bag
+    weights: torch.Tensor | None  # per-sample weights, or None
+
+
+def make_lookup(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, device: torch.device) -> Lookup:
+    rows, inverse = unique_ids(ids)
+    inverse, offsets = inverse.to(device), offsets.to(device)
+    lengths = torch.diff(offsets, append=offsets.new_tensor([inverse.numel()]))
+    bag_of = torch.repeat_interleave(torch.arange(offsets.numel(), device=device), lengths,
+                                     output_size=inverse.numel())
+    return Lookup(rows, inverse, offsets, bag_of, None if weights is None else weights.to(device))
+
+
+def row_gradients(grad_pooled: torch.Tensor, lookup: Lookup) -> torch.Tensor:
+    """[len(rows), dim]: each row's gradient, its contributions segment-summed once."""
+    contrib = grad_pooled.index_select(0, lookup.bag_of)
+    if lookup.weights is not None:
+        contrib = contrib * lookup.weights.unsqueeze(1)
+    return segment_sum(contrib, lookup.inverse, lookup.rows.numel())
+
+
+def pool(ids: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
+         sparse: bool = False) -> torch.Tensor:
+    return F.embedding_bag(ids, rows, offsets, mode="sum", per_sample_weights=weights, sparse=sparse)
+
+
+# -- one row space for all tables ------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableLayout:
+    """Table t holds rows [starts[t], starts[t] + table_rows[t]) of the shared row space."""
+
+    table_rows: tuple[int, ...]
+
+    @property
+    def starts(self) -> list[int]:
+        return [sum(self.table_rows[:t]) for t in range(len(self.table_rows))]
+
+    def initial_rows(self, dim: int, std: float, seed: int) -> torch.Tensor:
+        """N(0, std) rows; table t drawn on the CPU from (seed, t), so every placement starts identical."""
+        out = torch.empty(sum(self.table_rows), dim)
+        for t, table in enumerate(self.split(out)):
+            torch.randn(table.shape, generator=torch.Generator().manual_seed((seed * 1_000_003 + t) % 2**63),
+                        out=table)
+        return out.mul_(std)
+
+    def split(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(rows, self.table_rows))
+
+    def flatten(self, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(shared-space ids, offsets of all T*B bags table-major, weights or None) on `device`."""
+        nnz = [ids.numel() for ids in batch.ids]
+        ids = torch.cat([ids.to(device) + start for ids, start in zip(batch.ids, self.starts)])
+        offsets = torch.cat([off.to(device) + sum(nnz[:t]) for t, off in enumerate(batch.offsets)])
+        if all(w is None for w in batch.weights):
+            return ids, offsets, None
+        weights = torch.cat([torch.ones(i.numel(), device=device) if w is None else w.to(device)
+                             for i, w in zip(batch.ids, batch.weights)])  # x * 1.0 is exact
+        return ids, offsets, weights
