@@ -48,10 +48,11 @@ def render(result: WorkerResult, console: Console) -> None:
     for name, seconds in data.phase_s.items():
         phases.add_row(name, f"{1e3 * seconds:.2f}", f"{100 * seconds / total:.0f}%")
     console.print(phases)
-    if data.counters:
-        counters = Table(title="counters")
+    shown = {name: value for name, value in data.counters.items() if value}
+    if shown:
+        counters = Table(title="counters (non-zero)")
         counters.add_column("counter")
         counters.add_column("value", justify="right")
-        for name, value in data.counters.items():
+        for name, value in shown.items():
             counters.add_row(name, f"{value:,.4g}")
         console.print(counters)

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.sizes import SIZES
 from targets.haste_rec.target import build
+from targets.protocol import ConfigError
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 STEPS = 8
@@ -116,3 +118,29 @@ def test_semantic_grouping_beats_random_grouping():
             scores.append(session.quality()["P@1"])
         p_at_1[grouping] = statistics.fmean(scores)
     assert p_at_1["semantic"] >= p_at_1["random"] + 0.03, p_at_1
+
+
+def _single_knob_changes():
+    """Every non-default value of every choice/bool knob, alone (compile is left to the benchmarks:
+    its first CPU compile takes half a minute)."""
+    for knob in KNOB_SPACE:
+        values = (True,) if knob.kind == "bool" and not knob.default else knob.choices
+        for value in values:
+            if value == knob.default or knob.name == "compile_encoder":
+                continue
+            change = {knob.name: value}
+            if knob.name == "embedding_placement":
+                change["embedding_grad_mode"] = "fused"
+            if knob.name == "data_workers" and value > 2:
+                continue  # more worker processes than CI's cores: nothing more to learn
+            yield pytest.param(change, id=f"{knob.name}={value}")
+
+
+@pytest.mark.parametrize("change", list(_single_knob_changes()))
+def test_every_knob_value_trains(change):
+    if change.get("fan_in", 0) > SIZES["tiny"].hidden:  # F input dims cannot exceed H: a clear error
+        with pytest.raises(ConfigError, match="fan"):
+            train(change, steps=1)
+        return
+    losses, _ = train(change, steps=3)
+    assert all(torch.isfinite(torch.tensor(losses)))
