@@ -20,7 +20,12 @@ from targets.haste_rec.knobs import PRESET
 from targets.haste_rec.sizes import HasteRecSize
 
 PLAN_BATCHES = 64        # training batches whose id counts plan the embedding cache
-GROUPING_BATCHES = 128   # training batches whose features place labels for semantic grouping
+
+
+def grouping_batches(num_labels: int, batch_size: int) -> int:
+    """Training batches whose features place labels for semantic grouping: enough to see a label
+    about 16 times on average (rare labels stay noisy), bounded so set-up stays in seconds."""
+    return max(128, min(1024, -(-16 * num_labels // batch_size)))
 
 
 class Encoder(nn.Module):
@@ -56,7 +61,7 @@ def synthetic_data(size: HasteRecSize, seed: int) -> SyntheticData:
         heldout_size=size.heldout_size, seed=seed))
 
 
-def label_layout(data, grouping: str, shape: ModelShape, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def label_layout(data, grouping: str, shape: ModelShape, seed: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(head label ids, tail groups [K, G]) from the data's label statistics and the grouping knob."""
     freq = data.label_frequencies()
     head, tail = split_head_tail(freq, shape.head_fraction)
@@ -66,7 +71,8 @@ def label_layout(data, grouping: str, shape: ModelShape, seed: int) -> tuple[tor
     elif grouping == "frequency":
         groups = group_by_frequency(tail, freq, shape.group_size)
     else:
-        groups = group_semantic(tail, data.label_feature_means(GROUPING_BATCHES), shape.group_size, gen,
+        features = data.label_feature_means(grouping_batches(data.num_labels, batch_size))
+        groups = group_semantic(tail, features, shape.group_size, gen,
                                 frequencies=freq)
     return head, groups
 
@@ -95,7 +101,7 @@ class HasteRecModel(nn.Module):
         torch.manual_seed(seed)
         in_dim = size.num_tables * size.embedding_dim + size.num_dense
         self.encoder = Encoder(in_dim, size.encoder_hidden, size.hidden).to(device)
-        head, groups = label_layout(data, config["grouping"], shape, seed)
+        head, groups = label_layout(data, config["grouping"], shape, seed, size.batch_size)
         self.output = HasteOutput(size.hidden, size.hidden, head, groups, shape.fan_in,
                                   backend=config["tail_backend"], kernels=kernels, seed=seed).to(device)
         self.shape = shape
