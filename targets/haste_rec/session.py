@@ -54,8 +54,13 @@ class HasteRecSession:
         self.encoder = torch.compile(self.model.encoder) if config["compile_encoder"] else self.model.encoder
         flags = _optimizer_flags(config["optimizer_impl"])
         self.encoder_opt = torch.optim.Adam(self.model.encoder.parameters(), lr=ENCODER_LR, **flags)
-        self.output_opt = torch.optim.SGD(self.model.output.parameters(), lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM,
-                                          **flags)
+        out = self.model.output
+        # A logit's SGD step grows with its fan-in: the dense head reads all H dims, a tail group F.
+        # Scaling the head's rate by F / H gives every logit the same step size.
+        head_lr = OUTPUT_LR * self.model.shape.fan_in / size.hidden
+        self.output_opt = torch.optim.SGD([{"params": out.tail_parameters()},
+                                           {"params": out.head_parameters(), "lr": head_lr}],
+                                          lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM, **flags)
         self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
                                      prefetch=config["prefetch_to_device"],
                                      sparse_on_device=config["embedding_placement"] == "device")
