@@ -66,45 +66,92 @@ def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable
                       f"{', '.join(s.name for s in target.kernel_slots) or '-'}\n")
 
 
-@app.command()
-def bench(
-    target: str = typer.Option("haste-rec", help="built-in name, entry point name, or module:attr"),
-    size: str = typer.Option("small", help="size preset of the target"),
-    config: Optional[str] = typer.Option(None, "--config", help="TOML file of knob values"),
-    set_: list[str] = typer.Option([], "--set", help="knob=value, repeatable"),
-    data: Optional[str] = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification "
-                                       "text format) instead of synthetic data"),
-    device: str = typer.Option("cpu", help="cpu or cuda"),
-    steps: int = typer.Option(20, min=1, help="timed steps"),
-    warmup: int = typer.Option(5, min=0, help="untimed steps first"),
-    phase_steps: int = typer.Option(5, min=0, help="steps of the synchronised per-phase pass"),
-    threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads in the worker"),
-    timeout: float = typer.Option(1800.0, help="seconds before the worker is killed"),
-    as_json: bool = typer.Option(False, "--json", help="print the worker's JSON result"),
-) -> None:
-    """Time training steps of one target config in a worker process."""
-    from sg_opt.bench import bench as run_bench, render
+def _inputs(target: str, size: str, config: str | None, sets: list[str], data: str | None) -> dict:
+    """Resolve and check what the user asked for before any worker starts; exit 2 on bad input."""
     from sg_opt.config import build_overrides
 
     try:
         resolved = resolve_target(target)
         resolved.check_size(size)
-        overrides = build_overrides(resolved.knob_space, config, set_)
+        overrides = build_overrides(resolved.knob_space, config, sets)
         if data is not None and not resolved.data_formats:
             raise ConfigError(f"target {resolved.name} reads no data files; drop --data")
         if data is not None and not Path(data).is_file():
             raise ConfigError(f"data file {data} does not exist")
     except ConfigError as exc:
         fail(str(exc))
+    return overrides
+
+
+def _check_result(result) -> None:
+    """Map a worker failure to the CLI's exit codes: 2 for the user's config, 1 for the workload."""
+    if result.ok:
+        return
+    failure = result.failure
+    if failure.kind == "config":
+        fail(failure.message)
+    fail(f"the workload failed ({failure.kind}): {failure.message}", code=1)
+
+
+TARGET_OPT = typer.Option("haste-rec", help="built-in name, entry point name, or module:attr")
+SIZE_OPT = typer.Option("small", help="size preset of the target")
+CONFIG_OPT = typer.Option(None, "--config", help="TOML file of knob values")
+SET_OPT = typer.Option([], "--set", help="knob=value, repeatable")
+DATA_OPT = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification text format) "
+                                             "instead of synthetic data")
+DEVICE_OPT = typer.Option("cpu", help="cpu or cuda")
+THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker")
+TIMEOUT_OPT = typer.Option(1800.0, help="seconds before the worker is killed")
+JSON_OPT = typer.Option(False, "--json", help="print the worker's JSON result")
+
+
+@app.command()
+def bench(
+    target: str = TARGET_OPT, size: str = SIZE_OPT, config: Optional[str] = CONFIG_OPT,
+    set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
+    steps: int = typer.Option(20, min=1, help="timed steps"),
+    warmup: int = typer.Option(5, min=0, help="untimed steps first"),
+    phase_steps: int = typer.Option(5, min=0, help="steps of the synchronised per-phase pass"),
+    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
+) -> None:
+    """Time training steps of one target config in a worker process."""
+    from sg_opt.bench import bench as run_bench, render
+
+    overrides = _inputs(target, size, config, set_, data)
     with console.status(f"benchmarking {target} @ {size} on {device} ..."):
         result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data)
     if as_json:
         print(result.model_dump_json(indent=1))
-    if not result.ok:
-        failure = result.failure
-        if failure.kind == "config":
-            fail(failure.message)
-        fail(f"the workload failed ({failure.kind}): {failure.message}", code=1)
+    _check_result(result)
+    if not as_json:
+        render(result, console)
+
+
+@app.command()
+def profile(
+    target: str = TARGET_OPT, size: str = SIZE_OPT, config: Optional[str] = CONFIG_OPT,
+    set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
+    fine: bool = typer.Option(False, "--fine", help="also time the kernel slots on the real shapes against "
+                                                    "measured device ceilings"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="write the Chrome/Perfetto trace here"),
+    steps: int = typer.Option(10, min=1, help="profiled steps (and as many unprofiled, before and after)"),
+    warmup: int = typer.Option(5, min=0, help="untimed steps first"),
+    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
+) -> None:
+    """Where the step time goes: phases, top ops, kernel slots on the roofline, ranked findings."""
+    from profilers.client import run_profile
+    from profilers.records import ProfileRequest
+    from sg_opt.profile_view import render
+
+    overrides = _inputs(target, size, config, set_, data)
+    req = ProfileRequest(target=target, size=size, config=overrides, data=data, device=device, warmup=warmup,
+                         threads=threads, profile_steps=steps, fine=fine,
+                         trace=str(Path(trace).resolve()) if trace else None)
+    with console.status(f"profiling {target} @ {size} on {device} ..."):
+        result = run_profile(req, timeout_s=timeout)
+    if as_json:
+        print(result.model_dump_json(indent=1))
+    _check_result(result)
     if not as_json:
         render(result, console)
 

@@ -81,3 +81,18 @@ def test_bench_on_a_malformed_file_names_the_line(tmp_path):
     result = runner.invoke(app, ["bench", "--size", "tiny", "--data", path, "--threads", "1"])
     assert result.exit_code == 2, result.output
     assert "line 3" in result.output and "Traceback" not in result.output
+
+
+def test_profile_tiny_prints_phases_ops_and_findings(tmp_path):
+    trace = tmp_path / "trace.json"
+    result = runner.invoke(app, ["profile", "--size", "tiny", "--steps", "3", "--warmup", "1", "--threads", "1",
+                                 "--trace", str(trace)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    for word in ("named phases", "optimizer", "top ops", "findings"):
+        assert word in result.stdout
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_profile_bad_knob_is_one_sentence():
+    result = runner.invoke(app, ["profile", "--set", "precision=fp8"])
+    assert result.exit_code == 2 and "precision" in result.output and "Traceback" not in result.output

@@ -7,15 +7,21 @@ the source is the only way to know what it computes (``validators.kernel`` does 
 subprocess), but what it may *reach* can be decided from its syntax tree alone, so this check runs
 first and nothing rejected here is ever executed.
 
-The rules are an allow-list of imports plus a deny-list of names and attributes. They are stricter
-than a kernel needs only where the strictness is cheap: a Triton or torch kernel never needs
+The rules are an allow-list of imports plus a deny-list of names and attributes. They forbid more
+than the known escapes wherever that costs a real kernel nothing: a Triton or torch kernel never needs
 dunder or private attributes, attribute assignment (monkeypatching), dynamic ``getattr``, file,
 process or environment access, RNG or global-switch changes, or ``torch.load``-style
 deserialisation. ``tl.load``/``tl.store`` are allowed because an attribute named ``load`` is
 accepted only when it resolves, through the file's own imports, to ``triton.language``.
 
-A rejection names its rule and line in one sentence; ``violations`` lists every one found, so a
-proposer can fix them all at once.
+Rules: ``syntax``, ``size``, ``import`` (only torch, triton, triton.language, math, __future__; no
+rebinding an imported name), ``forbidden-name`` (open, os, eval, exec, compile, __import__,
+globals, setattr...), ``dynamic-attribute`` (getattr/hasattr without a literal name), ``dunder``
+(dunder names, attributes and method definitions), ``private`` (``torch._C`` and any ``_x``),
+``introspection`` (frames, code objects, tracebacks), ``forbidden-api`` (load/save/hub/
+cpp_extension/backends/testing/fork...), ``global-state`` (seeds, RNG, ``set_*``, ``register_*``),
+``attribute-assignment`` (monkeypatching) and ``missing-function``. A rejection names its rule and
+line in one sentence; ``violations`` lists every one found, so a proposer can fix them all at once.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ FORBIDDEN_NAMES: frozenset[str] = frozenset({
     "open", "os", "sys", "subprocess", "socket", "eval", "exec", "compile", "__import__", "importlib",
     "ctypes", "builtins", "globals", "locals", "vars", "breakpoint", "input", "exit", "quit",
     "setattr", "delattr",  # attribute assignment by any spelling is monkeypatching
+    "help", "license", "copyright", "credits",  # interactive helpers that read files and start pagers
 })
-# str.format walks attributes named inside a string ("{0.__globals__}".format(fn)), out of static sight.
-FORBIDDEN_ATTRIBUTES: frozenset[str] = FORBIDDEN_NAMES | {"format", "format_map"}
+# Frames, code objects and tracebacks: a generator's gi_frame.f_back reaches the caller's locals.
+INTROSPECTION_PREFIXES: tuple[str, ...] = ("gi_", "cr_", "ag_", "f_", "tb_", "co_")
 # Attributes that load or save code or data, reach the network or other processes, or time kernels.
 FORBIDDEN_APIS: dict[str, str] = {
     "load": "deserialises objects from a file (only triton.language.load is allowed)",
@@ -60,6 +67,10 @@ FORBIDDEN_APIS: dict[str, str] = {
     "tools": "reaches Triton's tooling",
     "knobs": "changes Triton's global configuration",
     "backends": "holds global numerics switches (TF32, reduced-precision reductions)",
+    "fork": "runs work on another thread that can outlive the call",
+    "futures": "runs work on another thread that can outlive the call",
+    "format": "walks attributes named inside a string ('{0.__globals__}'), out of static sight",
+    "format_map": "walks attributes named inside a string ('{0.__globals__}'), out of static sight",
 }
 # Attributes that change process-wide state: RNG, default dtype/device/stream, determinism, hooks.
 GLOBAL_STATE_NAMES: frozenset[str] = frozenset({
@@ -177,7 +188,9 @@ class _Checker:
             self.flag(node, "dunder", f"the dunder attribute {attr!r} is a classic sandbox escape")
         elif attr.startswith("_"):
             self.flag(node, "private", f"the private attribute {qualified} reaches torch or Triton internals")
-        elif attr in FORBIDDEN_ATTRIBUTES:
+        elif attr.startswith(INTROSPECTION_PREFIXES):
+            self.flag(node, "introspection", f"the attribute {qualified} reaches frames, code or tracebacks")
+        elif attr in FORBIDDEN_NAMES:
             self.flag(node, "forbidden-name", f"the attribute {qualified} reaches files, processes or the interpreter")
         elif attr in FORBIDDEN_APIS and not (attr == "load" and owner == TRITON_LANGUAGE):
             self.flag(node, "forbidden-api", f"{qualified} {FORBIDDEN_APIS[attr]}")
@@ -205,6 +218,12 @@ class _Checker:
             else:
                 self._check_attribute_name(node, name.value, self._resolve(node.args[0]))
 
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        if _is_dunder(node.name):
+            self.flag(node, "dunder", f"defining {node.name} hooks into the interpreter or torch's dispatch")
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
     def visit_arg(self, node: ast.arg) -> None:
         if node.arg in self.aliases:
             self.flag(node, "import", f"the imported name {node.arg!r} is rebound, which hides what it refers to")
@@ -226,8 +245,8 @@ def check_source(source: str, slot_name: str, max_bytes: int = 64_000) -> Source
     """Decide from the source alone whether a candidate for ``slot_name`` may be executed."""
     size = len(source.encode("utf-8", errors="replace"))
     if size > max_bytes:
-        return _first([Violation(rule="size", line=0,
-                                 message=f"Rule size, line 0: the file has {size} bytes, more than the {max_bytes} allowed.")])
+        return _first([Violation(rule="size", line=0, message=(
+            f"Rule size, line 0: the file has {size} bytes, more than the {max_bytes} allowed."))])
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as exc:

@@ -1,0 +1,283 @@
+"""The coarse profiler: torch.profiler over whole training steps, reduced to where the time goes.
+
+A session names its phases with ``record_function`` ranges (``PhaseTimer``), so the profile can
+say how much of the step each phase takes on the host and, on CUDA, how much device time the
+kernels launched inside it take. Kernels are attributed by launch time, not by the event tree:
+on CUDA the autograd engine runs backward on its own thread, outside the main thread's ``backward``
+range in the tree but inside it in time. The rest is the evidence the findings need: top ops by
+self time, device idle time between kernels, launches per step, peak memory, host<->device bytes,
+the share of the step the named phases cover, and the profiler's own overhead, measured against
+the same number of steps run without it just before and just after.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import math
+import re
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from profilers.records import CoarseProfile, OpTime, PhaseTime
+from targets.protocol import Session
+from targets.worker import NonFiniteLoss
+
+STEP_RANGE = "sg-opt/profiled-step"  # marks each timed step in the trace; the window the analysis reads
+TOP_OPS = 15
+_DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_BYTES_FIELD = re.compile(r'"bytes"\s*:\s*(\d+)')
+
+
+# ----------------------------------------------------------------------------- interval helpers
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping [start, end] intervals."""
+    total, start, end = 0.0, None, None
+    for lo, hi in sorted(intervals):
+        if end is None or lo > end:
+            if end is not None:
+                total += end - start
+            start, end = lo, hi
+        else:
+            end = max(end, hi)
+    return total + (end - start if end is not None else 0.0)
+
+
+class PhaseIndex:
+    """Finds the innermost named range that contains a host timestamp."""
+
+    def __init__(self, ranges: Sequence[tuple[float, float, str]]):
+        self.ranges = sorted(ranges, key=lambda r: (r[0], -r[1]))
+        self.outer: list[int] = []  # indices of ranges not inside an earlier one
+        reach = -math.inf
+        for i, (start, end, _) in enumerate(self.ranges):
+            if start >= reach:
+                self.outer.append(i)
+                reach = end
+            reach = max(reach, end)
+        self._outer_starts = [self.ranges[i][0] for i in self.outer]
+
+    def locate(self, t: float) -> str | None:
+        j = bisect.bisect_right(self._outer_starts, t) - 1
+        if j < 0:
+            return None
+        first = self.outer[j]
+        stop = self.outer[j + 1] if j + 1 < len(self.outer) else len(self.ranges)
+        found = None
+        for start, end, name in self.ranges[first:stop]:
+            if start > t:
+                break
+            if end >= t:
+                found = name  # a later start that still contains t is nested deeper
+        return found
+
+
+# ----------------------------------------------------------------------------- reading events
+
+def device_kind(evt: Any, annotations: set[str]) -> str | None:
+    """'kernel', 'memcpy' or 'memset' for device activity; None for GPU-side annotations and host events."""
+    if evt.device_type == DeviceType.CPU:
+        return None
+    activity = getattr(evt, "activity_type", None)  # absent in older torch: fall back on names
+    if activity:
+        return _DEVICE_KINDS.get(activity)
+    if getattr(evt, "is_user_annotation", False) or evt.name in annotations:
+        return None
+    return "memcpy" if evt.name.startswith("Memcpy") else "memset" if evt.name.startswith("Memset") else "kernel"
+
+
+def memcpy_bytes(evt: Any) -> int:
+    """Bytes of a device memcpy event, from its metadata (0 when the profiler did not record them)."""
+    meta = getattr(evt, "event_metadata", None)
+    if meta is not None and getattr(meta, "bytes", None) is not None:
+        return int(meta.bytes)
+    raw = vars(evt).get("_metadata_json") or vars(evt).get("metadata_json") or ""
+    match = _BYTES_FIELD.search(raw)
+    return int(match.group(1)) if match else 0
+
+
+def _is_annotation(evt: Any) -> bool:
+    return bool(getattr(evt, "is_user_annotation", False))
+
+
+def is_op(evt: Any) -> bool:
+    """A host operator call: not a named range, nor a CUDA runtime/driver call, nor device activity."""
+    activity = getattr(evt, "activity_type", None)
+    if activity:
+        return activity == "cpu_op"
+    return evt.device_type == DeviceType.CPU and not _is_annotation(evt) and not evt.name.startswith("cu")
+
+
+class _Window:
+    """The events of the timed steps, split into phase ranges, host ops and device activity."""
+
+    def __init__(self, events: Sequence[Any], phase_names: Sequence[str]):
+        host = [e for e in events if e.device_type == DeviceType.CPU]
+        steps = [e for e in host if e.name == STEP_RANGE]
+        if not steps:
+            raise RuntimeError(f"the profiler recorded no {STEP_RANGE!r} range; nothing to analyse")
+        self.steps = sorted((e.time_range.start, e.time_range.end) for e in steps)
+        self.start = self.steps[0][0]
+        host_end = max(end for _, end in self.steps)
+        inside = [e for e in host if self.start <= e.time_range.start <= host_end]
+        self.annotations = {e.name for e in host if _is_annotation(e)} | {STEP_RANGE, *phase_names}
+        self.phases = [e for e in inside if e.name in phase_names and e.name != STEP_RANGE]
+        self.ops = [e for e in inside if is_op(e) and e.name not in self.annotations]
+        self.launchers = [e for e in inside if e.kernels]
+        self.device = [(e, kind) for e in events if e.time_range.start >= self.start
+                       and (kind := device_kind(e, self.annotations)) is not None]
+        self.end = max([host_end] + [e.time_range.end for e, _ in self.device])
+
+    def index(self) -> PhaseIndex:
+        return PhaseIndex([(e.time_range.start, e.time_range.end, e.name) for e in self.phases])
+
+    def attributed_share(self) -> float:
+        """Median over the timed steps of the share of the step's range covered by named phases.
+
+        The median, so that one preemption or garbage collection landing between two phases on a
+        busy machine does not stand for the whole profile.
+        """
+        shares = []
+        for start, end in self.steps:
+            inside = [(e.time_range.start, e.time_range.end) for e in self.phases if start <= e.time_range.start <= end]
+            shares.append(union_length(inside) / (end - start) if end > start else 0.0)
+        return statistics.median(shares)
+
+    def host_us(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for e in self.phases:
+            totals[e.name] += e.time_range.elapsed_us()
+        return totals
+
+    def device_us_by_phase(self, index: PhaseIndex) -> dict[str, float]:
+        """Device time of each launching op's kernels, summed by the phase its launch falls in."""
+        totals: dict[str, float] = defaultdict(float)
+        for e in self.launchers:
+            phase = index.locate(e.time_range.start)
+            if phase is not None:
+                totals[phase] += sum(k.duration for k in e.kernels if k.name not in self.annotations)
+        return totals
+
+    def device_us(self) -> float:
+        """Device time of every kernel, copy and memset in the window (overlaps counted twice)."""
+        return sum(e.time_range.elapsed_us() for e, _ in self.device)
+
+    def top_ops(self, on_device: bool, steps: int, step_s: float, limit: int) -> list[OpTime]:
+        self_us: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for e in self.ops:
+            self_us[e.name] += e.self_device_time_total if on_device else e.self_cpu_time_total
+            calls[e.name] += 1
+        ranked = sorted(self_us, key=lambda name: (-self_us[name], name))[:limit]
+        return [OpTime(name=name, self_s=self_us[name] / 1e6 / steps, calls=calls[name] / steps,
+                       share=self_us[name] / 1e6 / steps / step_s) for name in ranked]
+
+    def memcpy_bytes(self, direction: str) -> int:
+        return sum(memcpy_bytes(e) for e, kind in self.device if kind == "memcpy" and direction in e.name)
+
+
+# ----------------------------------------------------------------------------- running steps
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_steps(session: Session, steps: int, device: torch.device,
+                 label: str | None = None) -> tuple[float, list[torch.Tensor]]:
+    """Wall seconds for ``steps`` steps, the device drained at the end, and their losses."""
+    losses = []
+    start = time.perf_counter()
+    for _ in range(steps):
+        with record_function(label) if label else contextlib.nullcontext():
+            losses.append(session.step())
+    _sync(device)
+    return time.perf_counter() - start, losses
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "device-max-allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return int(rss if sys.platform == "darwin" else rss * 1024), "host-max-rss"
+
+
+def _counter_rate(before: dict[str, float], after: dict[str, float], key: str, steps: int) -> float | None:
+    if key not in before or key not in after:
+        return None
+    return (after[key] - before[key]) / steps
+
+
+def profile_session(session: Session, device: torch.device | str, warmup: int, steps: int,
+                    trace_path: str | None = None, top: int = TOP_OPS) -> CoarseProfile:
+    """Profile ``steps`` training steps after ``warmup`` untimed ones; see the module docstring.
+
+    The same number of steps runs without the profiler just before and just after the profiled
+    ones; their mean is the overhead's denominator, so a drifting step time cancels out. Inside the
+    profiler one more untimed step lets it settle (CUPTI set-up on CUDA) before the timed window.
+    """
+    if steps < 1:
+        raise ValueError("profile at least one step")
+    device = torch.device(device)
+    on_cuda = device.type == "cuda"
+    for _ in range(warmup):
+        session.step()
+    _sync(device)
+    unprofiled_before, _ = _timed_steps(session, steps, device)
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        _timed_steps(session, 1, device)
+        before = session.counters()
+        profiled_s, losses = _timed_steps(session, steps, device, label=STEP_RANGE)
+        after = session.counters()
+    values = [float(loss) for loss in losses]
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise NonFiniteLoss(f"loss is {values[bad[0]]} at profiled step {bad[0]}")
+    unprofiled_after, _ = _timed_steps(session, steps, device)
+    unprofiled_s = (unprofiled_before + unprofiled_after) / 2
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+    peak, peak_kind = _peak_memory(device)
+
+    window = _Window(prof.events(), session.phase_names)
+    index = window.index()
+    step_s = profiled_s / steps
+    host = window.host_us()
+    device_us = window.device_us_by_phase(index) if on_cuda else {}
+    phases = {}
+    for name in session.phase_names:
+        host_s = host.get(name, 0.0) / 1e6 / steps
+        dev_s = device_us.get(name, 0.0) / 1e6 / steps if on_cuda else None
+        phases[name] = PhaseTime(host_s=host_s, device_s=dev_s, share=max(host_s, dev_s or 0.0) / step_s)
+    busy_us = union_length((e.time_range.start, e.time_range.end) for e, _ in window.device)
+    all_device_us = window.device_us()
+    return CoarseProfile(
+        device=str(device), time_basis="device" if on_cuda else "cpu", warmup=warmup, steps=steps,
+        step_s=step_s, unprofiled_step_s=unprofiled_s / steps, profiler_overhead=profiled_s / unprofiled_s,
+        phases=phases, attributed_share=window.attributed_share(),
+        device_attributed_share=(min(1.0, sum(device_us.values()) / all_device_us)
+                                 if on_cuda and all_device_us > 0 else None),
+        top_ops=window.top_ops(on_cuda, steps, step_s, top),
+        device_busy_s=busy_us / 1e6 / steps if on_cuda else None,
+        device_idle_fraction=(max(0.0, 1.0 - busy_us / (window.end - window.start))
+                              if on_cuda and window.end > window.start else None),
+        kernel_launches_per_step=sum(kind == "kernel" for _, kind in window.device) / steps,
+        ops_per_step=len(window.ops) / steps, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
+        memcpy_h2d_bytes_per_step=window.memcpy_bytes("HtoD") / steps,
+        memcpy_d2h_bytes_per_step=window.memcpy_bytes("DtoH") / steps,
+        session_bytes_h2d_per_step=_counter_rate(before, after, "bytes_h2d", steps),
+        session_bytes_d2h_per_step=_counter_rate(before, after, "bytes_d2h", steps),
+        final_loss=values[-1], trace_path=trace_path,
+    )

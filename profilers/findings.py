@@ -1,0 +1,166 @@
+"""Bottleneck findings: the profiles turned into a ranked list of what is worth attacking.
+
+The agent's proposers read these, so each finding is precise and deterministic: a category, the
+phase it lives in, one sentence of evidence with the measured numbers, the share of the step it
+takes, a documented headroom (a plausible speedup of that part, not a promise) and the step's
+speedup by Amdahl's law if that headroom were realised: ``1 / (1 - share + share / headroom)``.
+Findings are ranked by that gain (ties by category, phase, subject), so the first is the most
+promising; a part under 1% of the step is not reported.
+
+Headroom per category (in parentheses, what the finding's share measures; H200 figures from
+BENCHMARKS.md):
+
+- data-wait (data phase): 3.5 with in-process loading (data_workers 0, no prefetch), else 1.5;
+  worker processes with pinned prefetch took data from 9.8 to 2.8 ms.
+- optimizer (optimizer phase): 20 with embedding_grad_mode dense (fused row-wise updates took it
+  from 48.2 to 1.24 ms, 39x; half of that claimed); 2 with default/for-loop optimizers; else 1.3.
+- embedding-bound (embed phase): 3 with host or cached tables (rows cross the bus / cache
+  bookkeeping); else 2 (one fused pooled gather).
+- tail-gather-bound (tail phase): 3; gather + einsum materialise [B, K, F], and the logits' byte
+  floor is about 20x below the measured tail.
+- loss (loss phase): 2; BCE with dense targets moves the logits' size about four times, a fused
+  loss twice.
+- launch/host-bound (device idle fraction, CUDA only, from 20%): 3 with >= 100 kernels per step
+  (CUDA graphs / compile remove launch gaps), else 1.5.
+- cache-misses (embed phase, cached tables, miss rate from 1%): 1 / (1 - miss_rate / 2), a
+  larger, planned or LFU cache halving the misses with embed time proportional to them.
+- memory-/compute-bound kernel (slot median / step, one call per step): 0.8 / roofline fraction,
+  at most 10 (a tuned kernel reaches about 80% of the roof it sits under); none above 80%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from profilers.records import CoarseProfile, FineProfile, Finding, SlotTiming
+
+MIN_SHARE = 0.01           # parts below 1% of the step are not reported
+IDLE_THRESHOLD = 0.2       # device idle share above which the step is launch/host-bound
+MANY_LAUNCHES = 100        # kernels per step above which launch overhead is the likely cause
+KERNEL_EFFICIENCY = 0.8    # share of the roofline a tuned kernel plausibly reaches
+MAX_KERNEL_HEADROOM = 10.0
+MIN_MISS_RATE = 0.01
+
+# Phase name -> the category its time is evidence for.
+PHASE_CATEGORIES = {"data": "data-wait", "optimizer": "optimizer", "embed": "embedding-bound",
+                    "tail": "tail-gather-bound", "loss": "loss"}
+
+
+@dataclass(frozen=True)
+class Headroom:
+    value: float
+    basis: str
+
+
+def amdahl(share: float, headroom: float) -> float:
+    """The whole step's speedup when a part taking ``share`` of it becomes ``headroom`` times faster."""
+    share = min(max(share, 0.0), 1.0)
+    return 1.0 / (1.0 - share + share / headroom)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def phase_headroom(category: str, knobs: Mapping[str, Any]) -> Headroom:
+    """The documented headroom of a phase category under the current knob values (see the table above)."""
+    if category == "data-wait":
+        if knobs.get("data_workers", 0) == 0 and not knobs.get("prefetch_to_device", False):
+            return Headroom(3.5, "batches are built in the training process; worker processes with pinned "
+                                 "prefetch took data from 9.8 to 2.8 ms on an H200")
+        return Headroom(1.5, "loading already overlaps the step; what is left is the copy and the wait")
+    if category == "optimizer":
+        if knobs.get("embedding_grad_mode") == "dense":
+            return Headroom(20.0, "dense table-sized embedding gradients; fused row-wise updates took the "
+                                  "optimizer from 48.2 to 1.24 ms on an H200")
+        if knobs.get("optimizer_impl", "default") in ("default", "for-loop"):
+            return Headroom(2.0, "one update kernel per parameter; foreach/fused optimizers batch them")
+        return Headroom(1.3, "the optimizer is already batched; little is left to fuse")
+    if category == "embedding-bound":
+        if knobs.get("embedding_placement") in ("host", "cached"):
+            return Headroom(3.0, "rows cross the host bus or go through cache bookkeeping; device placement "
+                                 "(when the tables fit) or host pooling avoids it")
+        return Headroom(2.0, "pooled gathers from device tables; one fused lookup kernel reads each row once")
+    if category == "tail-gather-bound":
+        return Headroom(3.0, "gather + einsum materialise [B, K, F]; the logits' byte floor is about 20x lower, "
+                             "a fused gather-GEMM kernel writes them once")
+    if category == "loss":
+        return Headroom(2.0, "BCE with materialised dense targets moves the logits' size about four times; "
+                             "a fused loss moves it twice")
+    raise ValueError(f"no phase headroom for category {category!r}")
+
+
+def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
+    found = []
+    for phase, category in PHASE_CATEGORIES.items():
+        timing = coarse.phases.get(phase)
+        if timing is None or timing.share < MIN_SHARE:
+            continue
+        room = phase_headroom(category, knobs)
+        device = f", {_ms(timing.device_s)} on the device" if timing.device_s is not None else ""
+        evidence = (f"{phase} takes {timing.share:.1%} of the {_ms(coarse.step_s)} step "
+                    f"({_ms(timing.host_s)} on the host{device}).")
+        found.append(_finding(category, phase, None, evidence, timing.share, room))
+    return found
+
+
+def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
+    idle = coarse.device_idle_fraction
+    if idle is None or idle < IDLE_THRESHOLD:
+        return []
+    launches = coarse.kernel_launches_per_step
+    if launches >= MANY_LAUNCHES:
+        room = Headroom(3.0, "many small kernels; CUDA graphs or torch.compile remove most launch gaps")
+    else:
+        room = Headroom(1.5, "few kernels, so host work other than launches keeps the device waiting")
+    evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
+                f"{launches:.0f} kernel launches per step.")
+    return [_finding("launch/host-bound", None, None, evidence, idle, room)]
+
+
+def _cache_finding(coarse: CoarseProfile, counters: Mapping[str, float], knobs: Mapping[str, Any]) -> list[Finding]:
+    miss_rate = counters.get("miss_rate")
+    embed = coarse.phases.get("embed")
+    if (knobs.get("embedding_placement") != "cached" or miss_rate is None or miss_rate < MIN_MISS_RATE
+            or embed is None or embed.share < MIN_SHARE):
+        return []
+    room = Headroom(1.0 / (1.0 - miss_rate / 2.0), "a larger, planned or LFU cache halving the misses, with embed "
+                                                   "time proportional to them")
+    misses, hits = counters.get("misses", 0.0), counters.get("hits", 0.0)
+    evidence = (f"the embedding cache missed {miss_rate:.1%} of lookups ({misses:.0f} of {misses + hits:.0f}); "
+                f"embed takes {embed.share:.1%} of the {_ms(coarse.step_s)} step.")
+    return [_finding("cache-misses", "embed", None, evidence, embed.share, room)]
+
+
+def _kernel_finding(slot: SlotTiming, step_s: float) -> Finding | None:
+    share = min(1.0, slot.median_s / step_s)
+    if share < MIN_SHARE or slot.roofline_fraction <= 0:
+        return None
+    value = min(MAX_KERNEL_HEADROOM, KERNEL_EFFICIENCY / slot.roofline_fraction)
+    if value <= 1.0:  # already as close to its roof as a tuned kernel gets
+        return None
+    room = Headroom(value, f"at {slot.roofline_fraction:.1%} of the {slot.bound} roof; a tuned kernel reaches "
+                           f"about {KERNEL_EFFICIENCY:.0%}")
+    shape = ", ".join(f"{k}={v}" for k, v in slot.shape.items())
+    evidence = (f"{slot.slot} ({slot.implementation}, {slot.dtype}, {shape}) takes {_ms(slot.median_s)}, "
+                f"{share:.1%} of the step, at {slot.achieved_flops_per_s / 1e9:.1f} GFLOP/s and "
+                f"{slot.achieved_bytes_per_s / 1e9:.1f} GB/s: {slot.roofline_fraction:.1%} of its attainable "
+                f"{slot.attainable_flops_per_s / 1e9:.1f} GFLOP/s.")
+    category = "memory-bound kernel" if slot.bound == "memory" else "compute-bound kernel"
+    return _finding(category, slot.phase, slot.slot, evidence, share, room)
+
+
+def _finding(category: str, phase: str | None, subject: str | None, evidence: str, share: float,
+             room: Headroom) -> Finding:
+    return Finding(category=category, phase=phase, subject=subject, evidence=evidence, share=share,
+                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value))
+
+
+def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],
+             knobs: Mapping[str, Any]) -> list[Finding]:
+    """Every finding the profiles support, the largest Amdahl gain first."""
+    found = _phase_findings(coarse, knobs) + _launch_finding(coarse) + _cache_finding(coarse, counters, knobs)
+    if fine is not None:
+        found += [f for slot in fine.slots if (f := _kernel_finding(slot, coarse.step_s)) is not None]
+    return sorted(found, key=lambda f: (-f.amdahl_gain, f.category, f.phase or "", f.subject or ""))

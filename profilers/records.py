@@ -1,0 +1,184 @@
+"""The records the profilers produce, as versioned pydantic models.
+
+Profiles are measured in a scrubbed child process (``profilers.worker``) and read by the parent,
+by reports and by the agent's proposers, so everything that crosses that boundary is a JSON
+model here with a ``version`` field: a reader can refuse a record written by another schema
+instead of misreading it. Times are seconds per training step unless a name says otherwise;
+shares are fractions of the measured (profiled) step time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from targets.worker_protocol import Environment, Failure, WorkerRequest
+
+PROFILE_SCHEMA_VERSION = 1
+
+FindingCategory = Literal["embedding-bound", "tail-gather-bound", "launch/host-bound", "data-wait", "optimizer",
+                          "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss"]
+
+
+# ----------------------------------------------------------------------------- coarse
+
+class PhaseTime(BaseModel):
+    """One named phase of the step, averaged over the profiled steps."""
+
+    host_s: float = Field(description="host wall time inside the phase's record_function range, per step")
+    device_s: float | None = Field(None, description="device time of the kernels launched inside the range, "
+                                                     "per step; None on a CPU run")
+    share: float = Field(description="max(host_s, device_s) / step_s: how much of the step this phase can "
+                                     "account for (an upper estimate when host and device overlap)")
+
+
+class OpTime(BaseModel):
+    """One operator, ranked by self time (device time on CUDA, CPU time on a CPU run)."""
+
+    name: str
+    self_s: float = Field(description="self time per step on the time basis of the profile")
+    calls: float = Field(description="calls per step")
+    share: float = Field(description="self_s / step_s")
+
+
+class CoarseProfile(BaseModel):
+    """torch.profiler over whole training steps: where the step's time goes, per phase and per op."""
+
+    version: int = PROFILE_SCHEMA_VERSION
+    device: str
+    time_basis: Literal["device", "cpu"] = Field(description="what top_ops' self time measures")
+    warmup: int
+    steps: int
+    step_s: float = Field(description="profiled wall time per step (device drained at the end)")
+    unprofiled_step_s: float = Field(description="the same number of steps without the profiler, the mean of "
+                                                 "a window just before and one just after")
+    profiler_overhead: float = Field(description="step_s / unprofiled_step_s")
+    phases: dict[str, PhaseTime]
+    attributed_share: float = Field(description="host time inside named phases / the step's host time "
+                                                "(median over the profiled steps)")
+    device_attributed_share: float | None = Field(
+        None, description="device time of kernels launched inside named phases / all device time; None on CPU")
+    top_ops: list[OpTime]
+    device_busy_s: float | None = Field(None, description="union of device activity per step; None on CPU")
+    device_idle_fraction: float | None = Field(
+        None, description="share of the profiled window with no kernel, copy or memset running; None on CPU")
+    kernel_launches_per_step: float = Field(description="device kernels per step (0 on a CPU run)")
+    ops_per_step: float = Field(description="operator calls per step (aten ops, any nesting)")
+    peak_memory_bytes: int
+    peak_memory_kind: Literal["device-max-allocated", "host-max-rss"]
+    memcpy_h2d_bytes_per_step: float = Field(description="host-to-device copies seen by the profiler (0 on CPU)")
+    memcpy_d2h_bytes_per_step: float = Field(description="device-to-host copies seen by the profiler (0 on CPU)")
+    session_bytes_h2d_per_step: float | None = Field(
+        None, description="the session's own bytes_h2d counter over the profiled steps, if it has one")
+    session_bytes_d2h_per_step: float | None = None
+    final_loss: float
+    trace_path: str | None = None
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+class Ceilings(BaseModel):
+    """Measured device ceilings for the roofline: matmul FLOP/s per dtype and copy bandwidth."""
+
+    version: int = PROFILE_SCHEMA_VERSION
+    device_key: str = Field(description="device name + torch version (+ threads on a CPU): the cache key")
+    device_name: str
+    torch: str
+    measured_at: str = Field(description="UTC time of the measurement, ISO 8601")
+    quick: bool = Field(description="measured with small sizes (tests); never mixed with a full measurement")
+    matmul_flops_per_s: dict[str, float] = Field(description="dtype name (e.g. 'bfloat16') -> median FLOP/s")
+    matmul_size: dict[str, int] = Field(description="dtype name -> n of the n x n x n matmul timed")
+    copy_bytes_per_s: float = Field(description="median bytes read + written per second of a large copy")
+    copy_bytes: int = Field(description="size of the copied buffer")
+
+    def peak_flops(self, dtype: str) -> float:
+        """The matmul ceiling for a dtype name ('bfloat16'); float32's when that dtype was not measured."""
+        return self.matmul_flops_per_s.get(dtype, self.matmul_flops_per_s["float32"])
+
+
+# ----------------------------------------------------------------------------- fine
+
+class SlotTiming(BaseModel):
+    """One kernel slot timed on one shape, placed on the roofline."""
+
+    slot: str
+    implementation: str = Field(description="'reference' or module.qualname of the implementation timed")
+    phase: str | None = Field(None, description="the step phase whose work this slot does, when known")
+    shape: dict[str, int]
+    dtype: str
+    repeats: int
+    median_s: float
+    p10_s: float
+    p90_s: float
+    flops: float = Field(description="from the slot's cost model")
+    bytes: float = Field(description="fewest bytes the call must move, from the slot's cost model")
+    achieved_flops_per_s: float
+    achieved_bytes_per_s: float
+    intensity: float = Field(description="flops / bytes")
+    attainable_flops_per_s: float = Field(description="min(peak FLOP/s, intensity x copy bandwidth)")
+    roofline_fraction: float = Field(description="achieved / attainable FLOP/s")
+    bound: Literal["memory", "compute"] = Field(description="which roof is lower at this intensity")
+
+
+class FineProfile(BaseModel):
+    """Kernel slots timed on the running config's real shapes, against measured ceilings."""
+
+    version: int = PROFILE_SCHEMA_VERSION
+    device: str
+    timing: Literal["cuda-events+l2-flush", "perf_counter"]
+    flush_bytes: int = Field(description="bytes written between repeats to evict the cache (0: none)")
+    ceilings: Ceilings
+    slots: list[SlotTiming]
+    top_ops: list[OpTime] = Field(default_factory=list, description="copied from the coarse profile, if given")
+
+
+# ----------------------------------------------------------------------------- findings
+
+class Finding(BaseModel):
+    """One bottleneck, with its evidence and what removing part of it could gain (Amdahl)."""
+
+    version: int = PROFILE_SCHEMA_VERSION
+    category: FindingCategory
+    phase: str | None = Field(description="the step phase it lives in, when there is one")
+    subject: str | None = Field(None, description="the kernel slot or op concerned, for kernel findings")
+    evidence: str = Field(description="one sentence with the measured numbers")
+    share: float = Field(description="share of the step time this part takes")
+    headroom: float = Field(description="plausible speedup of this part (see profilers.findings)")
+    headroom_basis: str = Field(description="why that headroom, in a phrase")
+    amdahl_gain: float = Field(description="1 / (1 - share + share / headroom): the whole step's speedup")
+
+
+# ----------------------------------------------------------------------------- worker request/result
+
+class ProfileRequest(WorkerRequest):
+    """A worker request (target, size, knobs, kernels, device...) plus what to profile.
+
+    ``warmup`` untimed steps run first; then ``profile_steps`` steps without the profiler, as many
+    with it, and as many without it again (see profilers.coarse). The bench-mode fields ``steps``
+    and ``phase_steps`` of WorkerRequest are not read.
+    """
+
+    version: int = PROFILE_SCHEMA_VERSION
+    mode: Literal["bench"] = "bench"
+    profile_steps: int = Field(10, ge=1)
+    fine: bool = Field(False, description="also time the kernel slots on the real shapes against the ceilings")
+    fine_repeats: int = Field(20, ge=1)
+    quick_ceilings: bool = Field(False, description="measure ceilings with small sizes (tests only)")
+    trace: str | None = Field(None, description="write the Chrome trace of the profiled steps here")
+
+
+class ProfileResult(BaseModel):
+    version: int = PROFILE_SCHEMA_VERSION
+    ok: bool
+    target: str
+    size: str
+    config: dict[str, Any] = Field(default_factory=dict, description="the full resolved config")
+    failure: Failure | None = None
+    environment: Environment | None = None
+    coarse: CoarseProfile | None = None
+    fine: FineProfile | None = None
+    findings: list[Finding] = Field(default_factory=list, description="ranked, largest Amdahl gain first")
+    counters: dict[str, float] = Field(default_factory=dict, description="the session's counters at the end")
+    notes: list[str] = Field(default_factory=list, description="what was skipped and why")
+    wall_s: float = 0.0

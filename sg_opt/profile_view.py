@@ -1,0 +1,54 @@
+"""`sg-opt profile`: the phase table, top ops, kernel slots on the roofline, and ranked findings."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from profilers.records import ProfileResult
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.2f}"
+
+
+def render(result: ProfileResult, console: Console) -> None:
+    coarse, env = result.coarse, result.environment
+    console.print(f"[bold]{result.target} @ {result.size}[/] on {env.device} ({env.device_name}): "
+                  f"{_ms(coarse.step_s)} ms per profiled step, {_ms(coarse.unprofiled_step_s)} ms without the "
+                  f"profiler (overhead x{coarse.profiler_overhead:.2f}); {100 * coarse.attributed_share:.1f}% of "
+                  f"the step in named phases")
+    phases = Table(title="phases (per step)")
+    for col in ("phase", "host ms", "device ms", "share"):
+        phases.add_column(col, justify="right" if col != "phase" else "left")
+    for name, p in coarse.phases.items():
+        phases.add_row(name, _ms(p.host_s), _ms(p.device_s), f"{100 * p.share:.1f}%")
+    console.print(phases)
+    ops = Table(title=f"top ops by self {coarse.time_basis} time")
+    for col in ("op", "ms / step", "calls / step", "share"):
+        ops.add_column(col, justify="right" if col != "op" else "left", overflow="fold")
+    for op in coarse.top_ops[:10]:
+        ops.add_row(op.name, _ms(op.self_s), f"{op.calls:.0f}", f"{100 * op.share:.1f}%")
+    console.print(ops)
+    if coarse.device_idle_fraction is not None:
+        console.print(f"device idle {100 * coarse.device_idle_fraction:.1f}% of the window, "
+                      f"{coarse.kernel_launches_per_step:.0f} kernel launches per step, peak memory "
+                      f"{coarse.peak_memory_bytes / 2**30:.2f} GiB")
+    if result.fine is not None:
+        slots = Table(title=f"kernel slots on the roofline ({result.fine.timing})")
+        for col in ("slot", "shape", "ms", "TFLOP/s", "GB/s", "bound", "of roof"):
+            slots.add_column(col, justify="left" if col in ("slot", "shape", "bound") else "right", overflow="fold")
+        for s in result.fine.slots:
+            shape = " ".join(f"{k}={v}" for k, v in s.shape.items())
+            slots.add_row(s.slot, shape, _ms(s.median_s), f"{s.achieved_flops_per_s / 1e12:.3f}",
+                          f"{s.achieved_bytes_per_s / 1e9:.1f}", s.bound, f"{100 * s.roofline_fraction:.1f}%")
+        console.print(slots)
+    found = Table(title="findings, largest possible gain first")
+    for col in ("category", "share", "headroom", "step gain", "evidence"):
+        found.add_column(col, justify="right" if col in ("share", "headroom", "step gain") else "left",
+                         overflow="fold")
+    for f in result.findings:
+        found.add_row(f.category, f"{100 * f.share:.1f}%", f"x{f.headroom:.2f}", f"x{f.amdahl_gain:.2f}", f.evidence)
+    console.print(found)
+    for note in result.notes:
+        console.print(f"[dim]note: {note}[/]")

@@ -1,0 +1,152 @@
+"""The coarse profiler on the real tiny trainer (named phases cover the step, overhead measured,
+a valid Chrome trace), and its device-side attribution on a synthetic CUDA timeline."""
+
+import json
+import math
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import Interval
+
+from profilers.coarse import STEP_RANGE, PhaseIndex, _Window, device_kind, memcpy_bytes, profile_session, union_length
+from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.session import PHASES
+from targets.haste_rec.target import build
+
+STEPS = 8
+
+
+def _profile(device: str, trace_path=None):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        session = build(KNOB_SPACE.resolve({}), "tiny", {}, device, 0)
+        return profile_session(session, device, warmup=2, steps=STEPS, trace_path=trace_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cpu_profile(tmp_path_factory):
+    trace = tmp_path_factory.mktemp("trace") / "trace.json"
+    return _profile("cpu", str(trace)), trace
+
+
+def test_named_phases_cover_the_step(cpu_profile):
+    profile, _ = cpu_profile
+    assert profile.attributed_share >= 0.9, profile.attributed_share
+    assert profile.attributed_share <= 1.0 + 1e-6
+    assert set(profile.phases) == set(PHASES)
+    assert all(p.host_s > 0 and p.device_s is None for p in profile.phases.values())
+    assert sum(p.host_s for p in profile.phases.values()) <= profile.step_s
+
+
+def test_overhead_and_cpu_fields(cpu_profile):
+    profile, _ = cpu_profile
+    assert profile.step_s > 0 and profile.unprofiled_step_s > 0
+    assert profile.profiler_overhead == pytest.approx(profile.step_s / profile.unprofiled_step_s)
+    assert 0.5 < profile.profiler_overhead < 5
+    assert profile.time_basis == "cpu" and profile.device_idle_fraction is None
+    assert profile.kernel_launches_per_step == 0 and profile.memcpy_h2d_bytes_per_step == 0
+    assert profile.peak_memory_kind == "host-max-rss" and profile.peak_memory_bytes > 10 << 20
+    assert profile.session_bytes_h2d_per_step == 0  # device placement on the CPU moves nothing
+    assert math.isfinite(profile.final_loss) and profile.ops_per_step > 50
+
+
+def test_top_ops_are_ops_ranked_by_self_time(cpu_profile):
+    profile, _ = cpu_profile
+    names = [op.name for op in profile.top_ops]
+    assert names and any(name.startswith("aten::") for name in names)
+    assert not set(names) & {*PHASES, STEP_RANGE}
+    times = [op.self_s for op in profile.top_ops]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    assert sum(op.share for op in profile.top_ops) < 1.0
+
+
+def test_chrome_trace_is_valid_json_with_phases(cpu_profile):
+    profile, trace = cpu_profile
+    assert profile.trace_path == str(trace)
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert set(PHASES) <= names and STEP_RANGE in names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_profile_attributes_device_time_to_phases():
+    profile = _profile("cuda")
+    assert profile.time_basis == "device" and profile.kernel_launches_per_step > 0
+    assert profile.device_attributed_share >= 0.9
+    assert 0.0 <= profile.device_idle_fraction <= 1.0
+    assert profile.phases["backward"].device_s > 0 and profile.phases["tail"].device_s > 0
+    assert profile.memcpy_h2d_bytes_per_step > 0
+    assert profile.peak_memory_kind == "device-max-allocated" and profile.peak_memory_bytes > 0
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+def test_union_length_merges_overlaps():
+    assert union_length([]) == 0
+    assert union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
+
+
+def test_phase_index_finds_the_innermost_range():
+    index = PhaseIndex([(0, 10, "forward"), (2, 4, "tail"), (10, 20, "backward"), (30, 40, "optimizer")])
+    assert index.locate(3) == "tail"
+    assert index.locate(5) == "forward"
+    assert index.locate(15) == "backward"
+    assert index.locate(25) is None and index.locate(-1) is None
+
+
+Kernel = namedtuple("Kernel", "name device duration")
+
+
+def _event(name, start, end, device=DeviceType.CPU, kernels=(), annotation=False, activity=None, **extra):
+    return SimpleNamespace(name=name, time_range=Interval(start, end), device_type=device, kernels=list(kernels),
+                           is_user_annotation=annotation, activity_type=activity, self_cpu_time_total=end - start,
+                           self_device_time_total=sum(k.duration for k in kernels), **extra)
+
+
+def test_window_attributes_kernels_by_launch_time_across_threads():
+    cuda = DeviceType.CUDA
+    events = [
+        _event("tail", 0, 1, annotation=True),  # a warm-up step before the window: ignored
+        _event(STEP_RANGE, 10, 60, annotation=True),
+        _event("forward", 10, 30, annotation=True),
+        _event("backward", 30, 55, annotation=True),
+        _event("aten::mm", 12, 14, kernels=[Kernel("gemm", 0, 8)]),
+        # launched from the autograd thread: not a child of "backward" in the tree, inside it in time
+        _event("aten::mm_backward", 35, 36, kernels=[Kernel("gemm", 0, 10), Kernel("backward", 0, 30)]),
+        _event("cudaLaunchKernel", 13, 13.5, activity="cuda_runtime"),
+        _event("gemm", 14, 22, device=cuda, activity="kernel"),
+        _event("backward", 32, 62, device=cuda, activity="gpu_user_annotation", annotation=True),
+        _event("gemm", 40, 50, device=cuda, activity="kernel"),
+        _event("Memcpy HtoD (Pinned -> Device)", 50, 52, device=cuda, activity="gpu_memcpy",
+               event_metadata=SimpleNamespace(bytes=4096)),
+    ]
+    window = _Window(events, ("forward", "backward"))
+    by_phase = window.device_us_by_phase(window.index())
+    assert dict(by_phase) == {"forward": 8, "backward": 10}  # the annotation's fake "kernel" is not counted
+    assert [kind for _, kind in window.device] == ["kernel", "kernel", "memcpy"]
+    assert window.device_us() == 20
+    assert union_length((e.time_range.start, e.time_range.end) for e, _ in window.device) == 20
+    assert (window.start, window.end) == (10, 60)
+    assert window.attributed_share() == pytest.approx(45 / 50)
+    assert window.memcpy_bytes("HtoD") == 4096 and window.memcpy_bytes("DtoH") == 0
+    assert [op.name for op in window.top_ops(True, steps=1, step_s=50e-6, limit=5)] == ["aten::mm_backward",
+                                                                                        "aten::mm"]
+    assert [e.name for e in window.ops] == ["aten::mm", "aten::mm_backward"]  # not the runtime call
+
+
+def test_device_kind_and_memcpy_bytes_without_new_profiler_fields():
+    old = SimpleNamespace(name="Memcpy DtoH (Device -> Pageable)", device_type=DeviceType.CUDA,
+                          is_user_annotation=False,
+                          _metadata_json='"device": 0, "bytes": 1024, "memory bandwidth (GB/s)": 1.5')
+    assert device_kind(old, set()) == "memcpy" and memcpy_bytes(old) == 1024
+    kernel = SimpleNamespace(name="void gemm<...>", device_type=DeviceType.CUDA, is_user_annotation=False)
+    assert device_kind(kernel, set()) == "kernel" and memcpy_bytes(kernel) == 0
+    mirror = SimpleNamespace(name="backward", device_type=DeviceType.CUDA, is_user_annotation=False)
+    assert device_kind(mirror, {"backward"}) is None
+    assert device_kind(SimpleNamespace(name="aten::mm", device_type=DeviceType.CPU), set()) is None

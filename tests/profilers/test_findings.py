@@ -1,0 +1,108 @@
+"""Findings on hand-built profiles: the right categories, headrooms and Amdahl gains, ranked."""
+
+import pytest
+
+from profilers.findings import MIN_SHARE, amdahl, findings
+from profilers.records import Ceilings, CoarseProfile, FineProfile, PhaseTime, SlotTiming
+
+STEP_S = 0.010
+DENSE = {"embedding_grad_mode": "dense", "data_workers": 0, "prefetch_to_device": False,
+         "optimizer_impl": "default", "embedding_placement": "device"}
+TUNED = {**DENSE, "embedding_grad_mode": "fused", "optimizer_impl": "fused"}
+
+
+def coarse(shares: dict[str, float], idle: float | None = None, launches: float = 0.0) -> CoarseProfile:
+    cuda = idle is not None
+    phases = {name: PhaseTime(host_s=share * STEP_S, device_s=share * STEP_S if cuda else None, share=share)
+              for name, share in shares.items()}
+    return CoarseProfile(device="cuda:0" if cuda else "cpu", time_basis="device" if cuda else "cpu", warmup=2,
+                         steps=10, step_s=STEP_S, unprofiled_step_s=STEP_S, profiler_overhead=1.0, phases=phases,
+                         attributed_share=sum(shares.values()), top_ops=[], device_idle_fraction=idle,
+                         kernel_launches_per_step=launches, ops_per_step=100.0, peak_memory_bytes=1,
+                         peak_memory_kind="host-max-rss", memcpy_h2d_bytes_per_step=0.0,
+                         memcpy_d2h_bytes_per_step=0.0, final_loss=1.0)
+
+
+def test_amdahl():
+    assert amdahl(0.4, 20.0) == pytest.approx(1 / (0.6 + 0.02))
+    assert amdahl(0.0, 5.0) == 1.0 and amdahl(1.0, 4.0) == pytest.approx(4.0)
+
+
+def test_optimizer_at_40_percent_ranks_first_with_its_amdahl_gain():
+    profile = coarse({"data": 0.2, "embed": 0.05, "tail": 0.1, "loss": 0.05, "backward": 0.2, "optimizer": 0.4})
+    ranked = findings(profile, None, {}, DENSE)
+    first = ranked[0]
+    assert (first.category, first.phase) == ("optimizer", "optimizer")
+    assert first.share == pytest.approx(0.4) and first.headroom == 20.0
+    assert first.amdahl_gain == pytest.approx(1 / (1 - 0.4 + 0.4 / 20))
+    assert "40.0%" in first.evidence and "10.00 ms" in first.evidence
+    gains = [f.amdahl_gain for f in ranked]
+    assert gains == sorted(gains, reverse=True)
+    assert {f.category for f in ranked} == {"optimizer", "data-wait", "tail-gather-bound", "embedding-bound", "loss"}
+
+
+def test_knobs_set_the_headroom_and_so_the_ranking():
+    profile = coarse({"data": 0.3, "optimizer": 0.4})
+    tuned = findings(profile, None, {}, TUNED)
+    assert [f.category for f in tuned] == ["data-wait", "optimizer"]
+    assert tuned[0].amdahl_gain == pytest.approx(1 / (0.7 + 0.3 / 3.5))
+    assert tuned[1].headroom == 1.3
+    overlapped = findings(profile, None, {}, {**TUNED, "data_workers": 2, "prefetch_to_device": True})
+    data = next(f for f in overlapped if f.category == "data-wait")
+    assert data.headroom == 1.5 and data.amdahl_gain < tuned[0].amdahl_gain
+
+
+def test_parts_under_the_threshold_and_unmapped_phases_are_not_reported():
+    ranked = findings(coarse({"data": MIN_SHARE / 2, "encoder": 0.5, "backward": 0.4}), None, {}, DENSE)
+    assert ranked == []
+
+
+def test_idle_device_is_launch_bound_only_on_cuda():
+    many = findings(coarse({"backward": 0.5}, idle=0.45, launches=900), None, {}, DENSE)
+    assert [f.category for f in many] == ["launch/host-bound"]
+    assert many[0].share == 0.45 and many[0].headroom == 3.0 and "900 kernel launches" in many[0].evidence
+    few = findings(coarse({"backward": 0.5}, idle=0.45, launches=20), None, {}, DENSE)
+    assert few[0].headroom == 1.5
+    assert findings(coarse({"backward": 0.5}, idle=0.1, launches=900), None, {}, DENSE) == []
+
+
+def test_cache_misses_need_cached_placement():
+    profile = coarse({"embed": 0.5})
+    counters = {"miss_rate": 0.6, "misses": 600.0, "hits": 400.0}
+    cached = findings(profile, None, counters, {**DENSE, "embedding_placement": "cached"})
+    miss = next(f for f in cached if f.category == "cache-misses")
+    assert miss.phase == "embed" and miss.headroom == pytest.approx(1 / 0.7)
+    assert "60.0% of lookups (600 of 1000)" in miss.evidence
+    assert [f.category for f in cached] == ["embedding-bound", "cache-misses"]  # host/cached placement: 3x
+    assert all(f.category != "cache-misses" for f in findings(profile, None, counters, DENSE))
+
+
+def _slot(name: str, median_s: float, fraction: float, bound: str) -> SlotTiming:
+    return SlotTiming(slot=name, implementation="reference", phase="tail", shape={"B": 4}, dtype="float32", repeats=5,
+                      median_s=median_s, p10_s=median_s, p90_s=median_s, flops=1e9, bytes=1e9,
+                      achieved_flops_per_s=1e9 / median_s, achieved_bytes_per_s=1e9 / median_s, intensity=1.0,
+                      attainable_flops_per_s=1e9 / median_s / fraction, roofline_fraction=fraction, bound=bound)
+
+
+def test_kernel_findings_come_from_the_roofline():
+    ceilings = Ceilings(device_key="k", device_name="d", torch="t", measured_at="now", quick=True,
+                        matmul_flops_per_s={"float32": 1e12}, matmul_size={"float32": 512}, copy_bytes_per_s=1e11,
+                        copy_bytes=1 << 20)
+    fine = FineProfile(device="cpu", timing="perf_counter", flush_bytes=0, ceilings=ceilings, slots=[
+        _slot("tail_forward", 0.003, 0.1, "memory"),      # 30% of the step at 10% of its roof
+        _slot("tail_backward_input", 0.002, 0.02, "compute"),  # headroom capped at 10
+        _slot("tail_backward_weight", 0.002, 0.9, "memory"),   # already at the roof: nothing to gain
+    ])
+    ranked = findings(coarse({"backward": 0.5}), fine, {}, DENSE)
+    assert [(f.category, f.subject) for f in ranked] == [("memory-bound kernel", "tail_forward"),
+                                                         ("compute-bound kernel", "tail_backward_input")]
+    assert ranked[0].headroom == pytest.approx(8.0) and ranked[0].share == pytest.approx(0.3)
+    assert ranked[0].amdahl_gain == pytest.approx(1 / (0.7 + 0.3 / 8))
+    assert ranked[1].headroom == 10.0 and ranked[1].phase == "tail"
+
+
+def test_findings_are_deterministic():
+    profile = coarse({"data": 0.2, "embed": 0.2, "tail": 0.2, "loss": 0.2})
+    assert findings(profile, None, {}, DENSE) == findings(profile, None, {}, DENSE)
+    tied = [f.category for f in findings(profile, None, {}, DENSE)]
+    assert tied == ["data-wait", "tail-gather-bound", "embedding-bound", "loss"]

@@ -1,0 +1,198 @@
+"""The side-by-side benchmark cannot fool itself: its statistics on synthetic timings with known truth,
+its protocol and failures through real workers, and one real A/A of the reference trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from targets.protocol import Target
+from targets.worker_client import scrubbed_env
+from targets.worker_protocol import WorkerRequest
+from tests.fixtures.faulty_target import target as faulty
+from validators.speedup import (ABResult, SideSummary, SidesMismatch, analyse, assert_sides, block_order,
+                                bootstrap_ratio_ci, decide, floor_from, measure_ab, paired_ratio, spec_digest)
+
+BASE_STEP_S = 3e-3
+
+
+def synthetic(seed: int, blocks: int = 10, steps: int = 10, truth: float = 1.0, sigma: float = 0.05,
+              drift: float = 0.1, outlier_rate: float = 0.02, process_bias: float = 0.005):
+    """Per-step times of both sides run in ``block_order``: lognormal noise, a linear drift over the run,
+    rare 3x outliers (GC, preemption), a small random bias per process; side b is ``truth`` x side a."""
+    rng = np.random.default_rng(seed)
+    order = block_order(blocks)
+    total = len(order) * steps
+    scale = {"a": rng.lognormal(0, process_bias), "b": rng.lognormal(0, process_bias) * truth}
+    out: dict[str, list[list[float]]] = {"a": [], "b": []}
+    for n, side in enumerate(order):
+        t = np.arange(n * steps, (n + 1) * steps)
+        times = (BASE_STEP_S * scale[side] * (1 + drift * t / total) * rng.lognormal(0, sigma, steps)
+                 * np.where(rng.random(steps) < outlier_rate, 3.0, 1.0))
+        out[side].append(times.tolist())
+    return out["a"], out["b"]
+
+
+def calibrated_verdict(seed: int, truth: float, **kwargs) -> tuple[str, float]:
+    """The protocol a caller follows: an A/A run sets the floor, then the A/B run is judged with it."""
+    aa = analyse(*synthetic(10_000 + seed, **kwargs), floor=0.0, seed=seed)
+    floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])
+    ab = analyse(*synthetic(seed, truth=truth, **kwargs), floor=floor, seed=seed)
+    return ab.verdict, ab.ratio
+
+
+# -- pure statistics -------------------------------------------------------------------------------
+
+def test_block_order_is_balanced():
+    assert block_order(4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    order = block_order(10)
+    positions = {s: np.mean([i for i, x in enumerate(order) if x == s]) for s in "ab"}
+    assert positions["a"] == positions["b"]
+
+
+def test_linear_drift_cancels_where_a_sequential_order_would_not():
+    a, b = synthetic(0, sigma=0.0, drift=0.3, outlier_rate=0.0, process_bias=0.0)
+    assert paired_ratio([np.median(x) for x in a], [np.median(x) for x in b]) == pytest.approx(1.0, abs=2e-3)
+    a_then_b = [BASE_STEP_S * (1 + 0.3 * i / 20) for i in range(20)]  # all of A first, then all of B
+    assert paired_ratio(a_then_b[:10], a_then_b[10:]) > 1.1
+
+
+def test_outliers_do_not_move_the_ratio():
+    a, b = synthetic(1, sigma=0.01, drift=0.0, outlier_rate=0.0)
+    for block in b[::3]:
+        block[0] *= 50.0  # one huge stall in every third block of one side
+    stats = analyse(a, b, floor=0.01)
+    assert stats.ratio == pytest.approx(1.0, abs=0.02) and stats.verdict == "no-difference"
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_estimate():
+    a, b = synthetic(2, truth=1.05)
+    medians = ([np.median(x) for x in a], [np.median(x) for x in b])
+    assert bootstrap_ratio_ci(*medians, seed=7) == bootstrap_ratio_ci(*medians, seed=7)
+    low, high = bootstrap_ratio_ci(*medians, seed=7)
+    assert low <= paired_ratio(*medians) <= high
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci(medians[0], medians[1][:-1])
+
+
+def test_decision_rule_needs_the_whole_interval_beyond_the_floor():
+    assert decide(0.90, 0.97, floor=0.02) == "faster"
+    assert decide(0.90, 0.985, floor=0.02) == "no-difference"
+    assert decide(1.03, 1.10, floor=0.02) == "slower"
+    assert decide(0.95, 1.05, floor=0.02) == "no-difference"
+
+
+def test_floor_is_bias_plus_noise_of_the_worst_aa_run_and_never_below_one_percent():
+    assert floor_from([(1.0, 0.998, 1.002)]) == 0.01
+    assert floor_from([(1.02, 1.00, 1.04), (0.99, 0.98, 1.00)]) == pytest.approx(0.04)
+
+
+def test_aa_false_accept_rate_is_at_most_one_percent():
+    runs = 200
+    verdicts = [calibrated_verdict(seed, truth=1.0) for seed in range(runs)]
+    false_accepts = sum(v == "faster" for v, _ in verdicts)
+    naive = sum(ratio < 1.0 for _, ratio in verdicts)  # "the ratio is below 1": what the rule guards against
+    print(f"\nA/A synthetic: {false_accepts}/{runs} false accepts ({100 * false_accepts / runs:.1f}%); "
+          f"a bare ratio < 1 would accept {naive}/{runs}")
+    assert false_accepts / runs <= 0.01
+    assert naive / runs > 0.3  # the data is noisy enough for a careless rule to fail this test
+
+
+@pytest.mark.parametrize("truth,expected", [(1.10, "slower"), (1 / 1.10, "faster")])
+def test_a_true_ten_percent_change_is_detected(truth, expected):
+    runs = 100
+    hits = sum(calibrated_verdict(seed, truth=truth)[0] == expected for seed in range(runs))
+    assert hits / runs >= 0.95, f"{hits}/{runs}"
+
+
+# -- sides -----------------------------------------------------------------------------------------
+
+INCUMBENT = WorkerRequest(target="haste-rec", size="tiny", mode="bench", threads=1)
+CANDIDATE = INCUMBENT.model_copy(update={"config": {"embedding_grad_mode": "fused"}})
+
+
+def result_for(a: WorkerRequest, b: WorkerRequest) -> ABResult:
+    sides = [SideSummary(label=label, digest=spec_digest(spec), spec=spec)
+             for label, spec in (("incumbent", a), ("candidate", b))]
+    return ABResult(a=sides[0], b=sides[1], ratio_definition="candidate_time / incumbent_time (below 1 is faster)",
+                    ratio=0.8, floor=0.01, verdict="faster", order=block_order(2), blocks=2, steps_per_block=1)
+
+
+def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
+    assert_sides(result_for(INCUMBENT, CANDIDATE), INCUMBENT, CANDIDATE)
+    with pytest.raises(SidesMismatch, match="swapped"):
+        assert_sides(result_for(CANDIDATE, INCUMBENT), INCUMBENT, CANDIDATE)
+    other = CANDIDATE.model_copy(update={"config": {"precision": "bf16"}})
+    with pytest.raises(SidesMismatch, match="side b"):
+        assert_sides(result_for(INCUMBENT, other), INCUMBENT, CANDIDATE)
+
+
+def test_spec_digest_sees_kernel_sources_not_just_their_path(tmp_path):
+    (tmp_path / "tail_forward.py").write_text("def tail_forward(*a): ...\n")
+    spec = INCUMBENT.model_copy(update={"kernels_dir": str(tmp_path)})
+    before = spec_digest(spec)
+    (tmp_path / "tail_forward.py").write_text("def tail_forward(*a): return None\n")
+    assert spec_digest(spec) != before
+    assert spec_digest(INCUMBENT) == spec_digest(INCUMBENT.model_copy(update={"steps": 99}))
+
+
+# -- real workers ----------------------------------------------------------------------------------
+
+def _loud_build(config, size, kernels, device, seed=0):
+    print("user output that must not reach the protocol")
+    os.write(1, b"native output on fd 1\n")
+    return faulty.build(config, size, kernels, device, seed)
+
+
+LOUD = Target(name="loud", description="prints while building (tests only)", knob_space=faulty.knob_space,
+              sizes=faulty.sizes, build=_loud_build, phases=faulty.phases)
+LOUD_SPEC = WorkerRequest(target="tests.validators.test_speedup:LOUD", size="tiny", mode="bench", warmup=1)
+
+
+def test_worker_protocol_keeps_stdout_clean(tmp_path):
+    request = tmp_path / "request.json"
+    request.write_text(LOUD_SPEC.model_dump_json())
+    commands = "\n".join(json.dumps(c) for c in ({"cmd": "run", "steps": 4}, {"cmd": "run", "steps": 2},
+                                                 {"cmd": "quit"})) + "\n"
+    done = subprocess.run([sys.executable, "-m", "validators.ab_worker", "--request", str(request)], input=commands,
+                          capture_output=True, text=True, timeout=120, env=scrubbed_env(), cwd=Path.cwd())
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 0, done.stderr
+    assert lines[0]["ready"] and lines[0]["config"] == {"behaviour": "ok"}
+    assert [len(r["step_s"]) for r in lines[1:]] == [4, 2] and all(r["loss_finite"] for r in lines[1:])
+    assert "must not reach the protocol" in done.stderr and "native output" in done.stderr
+
+
+@pytest.mark.parametrize("behaviour,kind", [("raise", "exception"), ("nan", "nan"), ("crash", "crash")])
+def test_a_failing_side_fails_the_measurement_with_its_label(behaviour, kind):
+    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
+    bad = ok.model_copy(update={"config": {"behaviour": behaviour}})
+    result = measure_ab(ok, bad, blocks=2, steps_per_block=2, timeout_s=120)
+    assert result.verdict == "failed" and result.failure.kind == kind
+    assert result.failure.message.startswith("candidate: ") and result.ratio is None
+    if behaviour == "crash":
+        assert "SIGABRT" in result.failure.message
+
+
+def test_a_hanging_side_is_killed_at_the_time_limit():
+    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
+    hang = ok.model_copy(update={"config": {"behaviour": "hang"}})
+    result = measure_ab(hang, ok, blocks=2, steps_per_block=2, timeout_s=10, label_a="left", label_b="right")
+    assert result.verdict == "failed" and result.failure.kind == "timeout" and result.failure.message.startswith("left")
+    assert result.wall_s < 25
+
+
+def test_real_aa_of_the_reference_trainer_is_not_faster():
+    result = measure_ab(INCUMBENT, INCUMBENT, blocks=6, steps_per_block=10, timeout_s=240)
+    assert result.failure is None, result.failure
+    assert result.verdict != "faster", result
+    assert result.ratio_definition == "candidate_time / incumbent_time (below 1 is faster)"
+    assert result.ci_low <= result.ratio <= result.ci_high and result.speedup == pytest.approx(1 / result.ratio)
+    assert len(result.a.block_medians) == 6 and result.a.config["embedding_grad_mode"] == "dense"
+    assert_sides(result, INCUMBENT, INCUMBENT)

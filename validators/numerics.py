@@ -1,0 +1,292 @@
+"""Numerics gate: does a candidate config compute what the baseline computes, to its knob's promise?
+
+Every knob declares a numerics class (``targets.protocol.NumericsClass``); this module turns that
+promise into a check of two ``NumericsData`` records taken at the same seed and step count (loss and
+grad norms per step, probe outputs, parameter digest) and returns a verdict naming the first quantity
+that broke its band and by how much. The bands are module constants so that a verdict can always be
+traced to a stated number and its reason:
+
+* ``exact``: bitwise. Every loss, grad norm and probe output has the same bits and the sha256 of all
+  trainable state is equal. A change that only moves data (loader workers, cache sizes) must not
+  alter one bit.
+* ``reorder``: same math, other float association (fused kernels, sparse gradients, foreach
+  optimizers). fp32 rounds each operation to u = 2**-24 ~ 6e-8 relative. Reassociating a reduction of
+  n terms changes its result by about log2(n) u for the blocked/pairwise sums torch runs (for the
+  largest reduction of a step, the loss over B x L ~ 2e8 logits, that is ~28 u ~ 1.7e-6); the losses
+  summed are positive, so the condition number is ~1. ``REORDER_RTOL`` = 1e-5 (~160 u) leaves a
+  factor ~6 over that. Training feeds each step's rounding into the next, so the band grows linearly
+  by ``REORDER_GROWTH_PER_STEP`` = 10% of itself per step (2e-5 at step 10, 1.1e-4 at step 100):
+  enough for accumulated rounding on the short numerics runs, still 10x below the >= 1e-3 a real
+  change of the math (a dropped term, a wrong scale, a stale row) produces. The reference trainer
+  measured 1.8e-6 (loss), 3.9e-6 (grad norms), 2e-6 (probe) for fused vs dense gradients at size
+  small over 30 steps.
+* ``precision``: bf16 keeps 8 mantissa bits, u = 2**-8 ~ 3.9e-3. A loss computed in fp32 from bf16
+  activations moves by a few u per step, so ``PRECISION_LOSS_RTOL`` = 2% (~5 u) per step; grad norms
+  carry the rounding of every backward layer, hence 10%; probe outputs must stay within relative L2
+  5e-2 (~13 u, the forward's accumulated rounding plus the drift of the trained weights) and keep a
+  Pearson correlation >= 0.99 with the baseline's, so the ranking the metrics read survives. Rounding
+  noise has no sign; divergence does: the mean signed excess of the candidate's loss over the last
+  quarter of the steps must stay below ``PRECISION_DRIFT_RTOL`` = 1% (half the per-step band, since
+  averaging removes most of the noise). Measured on the reference trainer (tiny, 40 steps):
+  bf16-autocast loss <= 8e-4, grad norms <= 1.2e-2, probe rel-L2 <= 3.7e-3; pure bf16 at size
+  small diverges (loss +16%, probe correlation < 0) and fails, as it should.
+* ``model``: the knob changes the model, so trajectories are not compared; the quality metric
+  (``QUALITY_METRIC`` = P@1) of the candidate may fall at most ``QUALITY_MARGIN`` = 0.01 absolute
+  below the baseline's. A missing metric is a failure, never a pass.
+
+Whatever the class, a NaN or infinity anywhere, or trajectories of different lengths, fail.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from targets.protocol import NUMERICS_CLASSES
+from targets.worker_protocol import NumericsData
+
+REORDER_RTOL = 1e-5
+REORDER_GROWTH_PER_STEP = 0.1
+PRECISION_LOSS_RTOL = 0.02
+PRECISION_DRIFT_RTOL = 0.01
+PRECISION_GRAD_NORM_RTOL = 0.10
+PRECISION_PROBE_REL_L2 = 5e-2
+PRECISION_PROBE_MIN_CORRELATION = 0.99
+QUALITY_METRIC = "P@1"
+QUALITY_MARGIN = 0.01
+TINY = 1e-30  # the denominator floor of a relative error, so zero against zero is a zero error
+
+
+class NumericsVerdict(BaseModel):
+    ok: bool
+    numerics_class: str
+    failed_quantity: str | None = Field(None, description="loss, loss_drift, grad_norms, probe, "
+                                        "probe_correlation, param_norms, digest or quality; None when ok")
+    detail: str = Field(description="one sentence: which quantity failed and by how much, or what passed")
+    max_errors: dict[str, float] = Field(default_factory=dict, description=(
+        "worst error per quantity: relative for loss, grad_norms, param_norms; signed relative for "
+        "loss_drift; relative L2 for probe; 1 - correlation for probe_correlation; absolute for quality"))
+
+
+@dataclass(frozen=True)
+class Measure:
+    """The worst error of one quantity against its band, and the sentence that reports it."""
+
+    quantity: str
+    error: float
+    failed: bool
+    sentence: str
+
+
+class _Broken(Exception):
+    """A structural fault (non-finite value, length or key mismatch) that fails whatever the class."""
+
+    def __init__(self, quantity: str, sentence: str):
+        super().__init__(sentence)
+        self.quantity, self.sentence = quantity, sentence
+
+
+def reorder_band(step: int) -> float:
+    """The reorder class's relative band at a 0-based step (or after ``step`` steps, for end state)."""
+    return REORDER_RTOL * (1.0 + REORDER_GROWTH_PER_STEP * step)
+
+
+def _rel(base: float, cand: float) -> float:
+    return abs(cand - base) / max(abs(base), TINY)
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def _worst(quantity: str, errors: Iterator[tuple[float, float, str]], unit: str) -> Measure:
+    """Fold (error, band, where) triples: the largest error, and the first band breach if any (the
+    earliest step where the candidate left its band is where to look)."""
+    worst, band_at_worst, breach = 0.0, 0.0, ""
+    for error, band, where in errors:
+        if error > band and not breach:
+            breach = f"{quantity} {where} differs by {error:.2g} {unit}, band {band:.2g}"
+        if error >= worst:
+            worst, band_at_worst = error, band
+    return Measure(quantity, worst, bool(breach), breach or f"{quantity} {worst:.2g} {unit} (band {band_at_worst:.2g})")
+
+
+# -- structure: what fails whatever the class ------------------------------------------------------
+
+def _numbers(value: Any, path: str) -> Iterator[tuple[str, float]]:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, (int, float)):
+        yield path, float(value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(item, f"{path}[{key}]")
+    elif isinstance(value, Sequence):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{path}[{i}]")
+
+
+def _check_finite(data: NumericsData, quality: Mapping[str, float] | None, side: str) -> None:
+    where = {"loss": [(f"at step {i}", x) for i, x in enumerate(data.losses)],
+             "grad_norms": [(f"of group {k} at step {i}", x) for i, norms in enumerate(data.grad_norms)
+                            for k, x in norms.items()],
+             "probe": [(f"output {p}", x) for p, x in _numbers(data.probe, "")],
+             "digest": [(f"entry {p}", x) for p, x in _numbers(data.digest, "")],
+             "quality": [(f"metric {p}", x) for p, x in _numbers(quality or {}, "")]}
+    for quantity, values in where.items():
+        for label, x in values:
+            if not math.isfinite(x):
+                raise _Broken(quantity, f"{side} {quantity} {label} is {x}, and non-finite values always fail")
+
+
+def _check_lengths(base: NumericsData, cand: NumericsData, with_probe: bool) -> None:
+    for quantity, b, c in (("loss", base.losses, cand.losses), ("grad_norms", base.grad_norms, cand.grad_norms)):
+        if len(b) != len(c):
+            raise _Broken(quantity, f"{quantity} trajectories differ in length: {len(b)} steps in the baseline, "
+                                    f"{len(c)} in the candidate")
+    if not with_probe:
+        return
+    for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)):
+        if set(b) != set(c):
+            raise _Broken("grad_norms", f"grad_norms at step {i} cover groups {sorted(b)} in the baseline but "
+                                        f"{sorted(c)} in the candidate")
+    if set(base.probe) != set(cand.probe):
+        raise _Broken("probe", f"probe outputs are {sorted(base.probe)} in the baseline but {sorted(cand.probe)} "
+                               f"in the candidate")
+    for key in base.probe:
+        if len(base.probe[key]) != len(cand.probe[key]):
+            raise _Broken("probe", f"probe output {key} has {len(base.probe[key])} values in the baseline, "
+                                   f"{len(cand.probe[key])} in the candidate")
+
+
+# -- the classes -----------------------------------------------------------------------------------
+
+def _exact(base: NumericsData, cand: NumericsData) -> list[Measure]:
+    def bitwise(quantity: str, pairs: Iterator[tuple[str, float, float]]) -> Measure:
+        # any differing bit is a breach of band 0, even one that is no difference in value (-0.0 vs 0.0)
+        errors = ((max(_rel(b, c), TINY) if _bits(b) != _bits(c) else 0.0, 0.0, f"{where} ({b!r} vs {c!r})")
+                  for where, b, c in pairs)
+        return _worst(quantity, errors, "relative")
+
+    b_sha, c_sha = base.digest.get("sha256") or "", cand.digest.get("sha256") or ""
+    if not b_sha or not c_sha:
+        digest = Measure("digest", 1.0, True, "digest has no sha256 of the parameters to compare, so bitwise "
+                                              "equality cannot be shown")
+    else:
+        digest = Measure("digest", float(b_sha != c_sha), b_sha != c_sha,
+                         f"parameter digest sha256 {b_sha[:12]} vs {c_sha[:12]}, band: equal")
+    return [bitwise("loss", ((f"at step {i}", b, c) for i, (b, c) in enumerate(zip(base.losses, cand.losses)))),
+            bitwise("grad_norms", ((f"of group {k} at step {i}", b[k], c[k])
+                                   for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)) for k in b)),
+            bitwise("probe", ((f"output {key}[{j}]", x, y) for key in base.probe
+                              for j, (x, y) in enumerate(zip(base.probe[key], cand.probe[key])))),
+            digest]
+
+
+def _probe_rel_l2(base: NumericsData, cand: NumericsData, band: float) -> Measure:
+    def errors() -> Iterator[tuple[float, float, str]]:
+        for key in base.probe:
+            b, c = np.asarray(base.probe[key], float), np.asarray(cand.probe[key], float)
+            yield float(np.linalg.norm(c - b) / max(float(np.linalg.norm(b)), TINY)), band, f"output {key}"
+    return _worst("probe", errors(), "relative L2")
+
+
+def _param_norms(base: NumericsData, cand: NumericsData, band: float) -> list[Measure]:
+    b, c = base.digest.get("norms"), cand.digest.get("norms")
+    if not isinstance(b, Mapping) or not isinstance(c, Mapping):
+        return []
+    if set(b) != set(c):
+        return [Measure("param_norms", 1.0, True, f"param_norms cover groups {sorted(b)} in the baseline but "
+                                                  f"{sorted(c)} in the candidate")]
+    return [_worst("param_norms", ((_rel(b[k], c[k]), band, f"of group {k}") for k in b), "relative")]
+
+
+def _trajectories(base: NumericsData, cand: NumericsData, band: Callable[[int], float]) -> list[Measure]:
+    losses = ((_rel(b, c), band(i), f"at step {i}") for i, (b, c) in enumerate(zip(base.losses, cand.losses)))
+    norms = ((_rel(b[k], c[k]), band(i), f"of group {k} at step {i}")
+             for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)) for k in b)
+    return [_worst("loss", losses, "relative"), _worst("grad_norms", norms, "relative")]
+
+
+def _reorder(base: NumericsData, cand: NumericsData) -> list[Measure]:
+    end = reorder_band(len(base.losses))
+    return [*_trajectories(base, cand, reorder_band), _probe_rel_l2(base, cand, end), *_param_norms(base, cand, end)]
+
+
+def _correlation(base: NumericsData, cand: NumericsData) -> Measure:
+    def deficits() -> Iterator[tuple[float, float, str]]:
+        for key in base.probe:
+            b, c = np.asarray(base.probe[key], float), np.asarray(cand.probe[key], float)
+            if b.size < 2 or b.std() == 0 or c.std() == 0:  # correlation undefined: equal counts as correlated
+                corr = 1.0 if np.array_equal(b, c) else 0.0
+            else:
+                corr = float(np.corrcoef(b, c)[0, 1])
+            yield 1.0 - corr, 1.0 - PRECISION_PROBE_MIN_CORRELATION, f"output {key} (correlation {corr:.4f})"
+    return _worst("probe_correlation", deficits(), "below 1")
+
+
+def _drift(base: NumericsData, cand: NumericsData) -> Measure:
+    quarter = max(1, len(base.losses) // 4)
+    tail = list(zip(base.losses[-quarter:], cand.losses[-quarter:]))
+    excess = sum((c - b) / max(abs(b), TINY) for b, c in tail) / max(len(tail), 1)
+    failed = excess > PRECISION_DRIFT_RTOL
+    return Measure("loss_drift", excess, failed,
+                   f"loss_drift over the last {len(tail)} steps is {excess:+.2g} relative (mean signed excess "
+                   f"over the baseline), band {PRECISION_DRIFT_RTOL:.2g}")
+
+
+def _precision(base: NumericsData, cand: NumericsData) -> list[Measure]:
+    loss = _worst("loss", ((_rel(b, c), PRECISION_LOSS_RTOL, f"at step {i}")
+                           for i, (b, c) in enumerate(zip(base.losses, cand.losses))), "relative")
+    norms = _worst("grad_norms", ((_rel(b[k], c[k]), PRECISION_GRAD_NORM_RTOL, f"of group {k} at step {i}")
+                                  for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)) for k in b),
+                   "relative")
+    return [loss, _drift(base, cand), norms, _probe_rel_l2(base, cand, PRECISION_PROBE_REL_L2),
+            _correlation(base, cand), *_param_norms(base, cand, PRECISION_LOSS_RTOL)]
+
+
+def _quality(baseline: Mapping[str, float] | None, candidate: Mapping[str, float] | None, metric: str,
+             margin: float) -> list[Measure]:
+    for side, quality in (("baseline", baseline), ("candidate", candidate)):
+        if not quality or metric not in quality:
+            return [Measure("quality", math.inf, True, f"quality metric {metric} is missing from the {side}, "
+                                                       f"so the model change cannot be judged")]
+    drop = float(baseline[metric]) - float(candidate[metric])
+    return [Measure("quality", drop, drop > margin,
+                    f"quality {metric} is {candidate[metric]:.4f} against the baseline's {baseline[metric]:.4f}, "
+                    f"a drop of {drop:.4f} absolute, margin {margin:.4f}")]
+
+
+_CLASSES: dict[str, Callable[[NumericsData, NumericsData], list[Measure]]] = {
+    "exact": _exact, "reorder": _reorder, "precision": _precision}
+
+
+def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str, *,
+            quality_baseline: Mapping[str, float] | None = None, quality_candidate: Mapping[str, float] | None = None,
+            quality_metric: str = QUALITY_METRIC, quality_margin: float = QUALITY_MARGIN) -> NumericsVerdict:
+    """Judge a candidate's numerics against the baseline's under a knob's numerics class."""
+    if numerics_class not in NUMERICS_CLASSES:
+        raise ValueError(f"unknown numerics class {numerics_class!r}; one of {', '.join(NUMERICS_CLASSES)}")
+    try:
+        _check_finite(baseline, quality_baseline, "baseline")
+        _check_finite(candidate, quality_candidate, "candidate")
+        _check_lengths(baseline, candidate, with_probe=numerics_class != "model")
+    except _Broken as broken:
+        return NumericsVerdict(ok=False, numerics_class=numerics_class, failed_quantity=broken.quantity,
+                               detail=broken.sentence)
+    if numerics_class == "model":
+        measures = _quality(quality_baseline, quality_candidate, quality_metric, quality_margin)
+    else:
+        measures = _CLASSES[numerics_class](baseline, candidate)
+    errors = {m.quantity: m.error for m in measures}
+    failed = next((m for m in measures if m.failed), None)
+    if failed is not None:
+        return NumericsVerdict(ok=False, numerics_class=numerics_class, failed_quantity=failed.quantity,
+                               detail=failed.sentence, max_errors=errors)
+    return NumericsVerdict(ok=True, numerics_class=numerics_class, max_errors=errors,
+                           detail=f"{numerics_class} numerics hold: " + ", ".join(m.sentence for m in measures) + ".")

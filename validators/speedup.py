@@ -1,0 +1,390 @@
+"""Side-by-side step-time measurement that cannot fool itself.
+
+A speedup claim is only as good as its comparison, so every claim here is made the same way:
+
+* **Side by side.** Two long-lived workers (``validators.ab_worker``), one per config, are built and
+  warmed up together, run one untimed settling block each, then run an even number of timed blocks in
+  the balanced order A B B A A B B A ... Each pair of blocks sits in the same minute of machine time
+  and each side goes first in half the pairs, so linear drift (thermal, turbo, a neighbour's load)
+  cancels instead of favouring whoever ran second.
+* **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
+  step moves nothing). The ratio is the median over block pairs of B's block median over A's:
+  *candidate time over incumbent time, below 1 is faster*; the speedup is its inverse. Without drift it
+  estimates median(B)/median(A); with drift it is better, because each pair's ratio cancels the drift
+  that separates pairs (on synthetic timings with 10% drift, 10 blocks x 10 steps: floor 2.9% instead
+  of 3.6%, a true 10% change detected 99.7% instead of 94% of the time).
+* **An interval, not a point.** A bootstrap over block pairs (``RESAMPLES`` = 2000 resamples, seeded)
+  gives a 95% percentile interval on that ratio.
+* **A calibrated noise floor.** ``calibrate_noise_floor`` runs A against A: two workers of the same
+  spec. Whatever ratio that shows is bias between identical processes, whatever width its interval
+  has is noise, so floor = max(``MIN_FLOOR``, max over A/A runs of |1 - ratio| + half-width of its
+  interval). ``MIN_FLOOR`` = 1%: below that a gain is not worth a change to a training job, and no
+  clock is trusted that finely across processes.
+* **The decision rule.** ``faster`` only when the interval's upper bound on candidate/incumbent is
+  below 1 - floor; ``slower`` when its lower bound is above 1 + floor; otherwise ``no-difference``;
+  ``failed`` when either side crashed, hung, ran out of memory or produced a non-finite loss.
+* **Confirmation.** ``confirm_win`` accepts a win only if a second measurement in fresh processes
+  says ``faster`` again.
+* **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
+  knobs, kernel sources, data, device, seed, threads); ``assert_sides`` raises if they do not match
+  the incumbent and candidate the caller meant.
+
+The statistics (``block_order``, ``block_medians``, ``paired_ratio``, ``bootstrap_ratio_ci``,
+``decide``, ``analyse``, ``floor_from``) are pure functions, tested on synthetic timing distributions
+without processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal, Sequence, get_args
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from targets.worker_client import _signal_name, scrubbed_env
+from targets.worker_protocol import Failure, FailureKind, WorkerRequest
+
+Verdict = Literal["faster", "slower", "no-difference", "failed"]
+Side = Literal["a", "b"]
+
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+MIN_FLOOR = 0.01
+UNCALIBRATED_FLOOR = 0.10  # without an A/A floor: contended 2-core CPU runs calibrated to 8%, so be safe
+QUIT_GRACE_S = 10.0
+
+
+# -- statistics: pure functions --------------------------------------------------------------------
+
+def block_order(blocks: int) -> list[Side]:
+    """The run order of ``blocks`` blocks per side: A B, B A, A B, ... (pairs alternate who goes first)."""
+    return [side for r in range(blocks) for side in (("a", "b") if r % 2 == 0 else ("b", "a"))]
+
+
+def block_medians(blocks: Sequence[Sequence[float]]) -> list[float]:
+    return [float(np.median(block)) for block in blocks]
+
+
+def pair_ratios(a_medians: Sequence[float], b_medians: Sequence[float]) -> np.ndarray:
+    """B's block median over A's, pair by pair (pair r ran in round r of ``block_order``)."""
+    a, b = np.asarray(a_medians, float), np.asarray(b_medians, float)
+    if a.size != b.size or a.size == 0:
+        raise ValueError(f"need the same, non-zero number of blocks per side, not {a.size} and {b.size}")
+    return b / a
+
+
+def paired_ratio(a_medians: Sequence[float], b_medians: Sequence[float]) -> float:
+    """The point estimate of candidate/incumbent time: the median of the pair ratios."""
+    return float(np.median(pair_ratios(a_medians, b_medians)))
+
+
+def bootstrap_ratio_ci(a_medians: Sequence[float], b_medians: Sequence[float], resamples: int = RESAMPLES,
+                       confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the paired ratio, resampling block pairs."""
+    ratios = pair_ratios(a_medians, b_medians)
+    pick = np.random.default_rng(seed).integers(0, ratios.size, size=(resamples, ratios.size))
+    ratios = np.median(ratios[pick], axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def decide(ci_low: float, ci_high: float, floor: float) -> Verdict:
+    """The accept rule: the whole interval must clear the noise floor."""
+    if ci_high < 1.0 - floor:
+        return "faster"
+    if ci_low > 1.0 + floor:
+        return "slower"
+    return "no-difference"
+
+
+class RatioStats(BaseModel):
+    a_medians: list[float]
+    b_medians: list[float]
+    ratio: float
+    ci_low: float
+    ci_high: float
+    floor: float
+    verdict: Verdict
+
+
+def analyse(a_blocks: Sequence[Sequence[float]], b_blocks: Sequence[Sequence[float]], floor: float,
+            resamples: int = RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0) -> RatioStats:
+    """Per-step times of each side's blocks -> ratio, bootstrap interval and verdict."""
+    a, b = block_medians(a_blocks), block_medians(b_blocks)
+    low, high = bootstrap_ratio_ci(a, b, resamples, confidence, seed)
+    return RatioStats(a_medians=a, b_medians=b, ratio=paired_ratio(a, b), ci_low=low, ci_high=high,
+                      floor=floor, verdict=decide(low, high, floor))
+
+
+def floor_from(aa_runs: Sequence[tuple[float, float, float]]) -> float:
+    """The noise floor from A/A runs given as (ratio, ci_low, ci_high): bias plus noise of the worst
+    one, never below MIN_FLOOR."""
+    return max([MIN_FLOOR] + [abs(1.0 - ratio) + (high - low) / 2.0 for ratio, low, high in aa_runs])
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+def spec_digest(spec: WorkerRequest) -> str:
+    """sha256 of what defines a side's workload, kernel sources included (their contents, not paths)."""
+    kernels: dict[str, str] | str | None = None
+    if spec.kernels_dir:
+        folder = Path(spec.kernels_dir)
+        kernels = ({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.glob("*.py"))}
+                   if folder.is_dir() else "missing")
+    identity = {"target": spec.target, "size": spec.size, "config": spec.config, "kernels": kernels,
+                "data": spec.data, "device": spec.device, "seed": spec.seed, "threads": spec.threads,
+                "warmup": spec.warmup}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class SideSummary(BaseModel):
+    label: str
+    digest: str = Field(description="spec_digest of the spec this side ran")
+    spec: WorkerRequest
+    config: dict[str, Any] = Field(default_factory=dict, description="the resolved config the worker reported")
+    block_medians: list[float] = Field(default_factory=list, description="median step seconds of each block")
+
+
+class ABResult(BaseModel):
+    a: SideSummary
+    b: SideSummary
+    ratio_definition: str
+    ratio: float | None = None
+    speedup: float | None = Field(None, description="1 / ratio: above 1 means b is faster")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float = CONFIDENCE
+    resamples: int = RESAMPLES
+    floor: float
+    verdict: Verdict
+    order: list[Side] = Field(description="the order the blocks ran in")
+    blocks: int
+    steps_per_block: int
+    failure: Failure | None = None
+    wall_s: float = 0.0
+
+
+class NoiseFloor(BaseModel):
+    floor: float
+    rule: str = "max(MIN_FLOOR, max over A/A runs of |1 - ratio| + CI half-width)"
+    runs: list[ABResult]
+
+
+class Confirmation(BaseModel):
+    accepted: bool
+    reason: str
+    runs: list[ABResult]
+
+
+class SidesMismatch(RuntimeError):
+    """An A/B result does not belong to the incumbent and candidate it is being used for."""
+
+
+def assert_sides(result: ABResult, incumbent: WorkerRequest, candidate: WorkerRequest) -> None:
+    """Raise SidesMismatch unless side a ran the incumbent's spec and side b the candidate's."""
+    want, got = (spec_digest(incumbent), spec_digest(candidate)), (result.a.digest, result.b.digest)
+    if got == want:
+        return
+    if got == want[::-1]:
+        raise SidesMismatch(f"the sides are swapped: {result.a.label!r} ran the candidate and {result.b.label!r} "
+                            f"the incumbent, so the ratio {result.ratio_definition!r} would be read inverted")
+    names = [n for n, g, w in (("a", got[0], want[0]), ("b", got[1], want[1])) if g != w]
+    raise SidesMismatch(f"side {' and '.join(names)} of the result ran another spec than the one given "
+                        f"({', '.join(g[:12] for g in got)} vs {', '.join(w[:12] for w in want)})")
+
+
+# -- the two workers -------------------------------------------------------------------------------
+
+class SideFailed(RuntimeError):
+    """One side of a measurement failed; carries the structured Failure, its message led by the side's label."""
+
+    def __init__(self, label: str, kind: str, message: str, detail: str = ""):
+        super().__init__(f"{label}: {message}")
+        known = kind if kind in get_args(FailureKind) else "exception"
+        self.failure = Failure(kind=known, message=f"{label}: {message}", detail=detail)
+
+
+class _Worker:
+    """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
+
+    def __init__(self, spec: WorkerRequest, label: str, request: Path):
+        self.label = label
+        request.write_text(spec.model_dump_json())
+        self.stderr = open(request.with_suffix(".stderr"), "w+b")
+        self.proc = subprocess.Popen([sys.executable, "-m", "validators.ab_worker", "--request", str(request)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     env=scrubbed_env(), start_new_session=True, text=True, bufsize=1)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _stderr_tail(self) -> str:
+        self.stderr.flush()
+        self.stderr.seek(0)
+        return self.stderr.read()[-4000:].decode(errors="replace")
+
+    def send(self, command: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise SideFailed(self.label, "crash", "the worker's input closed: it has exited",
+                             self._stderr_tail()) from None
+
+    def receive(self, deadline: float, what: str) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise SideFailed(self.label, "timeout", f"no {what} before the time limit; the worker was killed") from None
+        if line is None:
+            code = self.proc.wait()
+            how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with code {code}"
+            raise SideFailed(self.label, "crash", f"the worker {how} while we waited for {what}", self._stderr_tail())
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            raise SideFailed(self.label, "crash", f"the worker wrote a non-protocol line: {line[:200]!r}") from None
+        if "error" in message:
+            raise SideFailed(self.label, str(message["error"]), str(message.get("message", "")), self._stderr_tail())
+        return message
+
+    def close(self, graceful: bool) -> None:
+        """Ask politely (when graceful), then kill the whole process group (it may hold data-loader children)."""
+        if graceful and self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(timeout=QUIT_GRACE_S)
+            except (SideFailed, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.stderr.close()
+
+
+class ABRunner:
+    """Two live workers, started and warmed up together, always torn down on exit."""
+
+    def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
+                 labels: tuple[str, str] = ("incumbent", "candidate")):
+        self.specs, self.labels, self.timeout_s = {"a": a, "b": b}, dict(zip(("a", "b"), labels)), timeout_s
+        self.workers: dict[str, _Worker] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+
+    def __enter__(self) -> "ABRunner":
+        self.deadline = time.monotonic() + self.timeout_s
+        self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+        try:
+            for side, spec in self.specs.items():
+                self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json")
+            for side, worker in self.workers.items():
+                self.configs[side] = worker.receive(self.deadline, "ready line").get("config", {})
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
+            raise
+        return self
+
+    def run(self, side: Side, steps: int) -> list[float]:
+        """One block of ``steps`` steps on one side; its per-step seconds."""
+        worker = self.workers[side]
+        worker.send({"cmd": "run", "steps": steps})
+        reply = worker.receive(self.deadline, f"a block of {steps} steps")
+        if not reply.get("loss_finite", False):
+            raise SideFailed(worker.label, "nan", "the loss became non-finite during a timed block")
+        return [float(t) for t in reply["step_s"]]
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        for worker in self.workers.values():
+            worker.close(graceful=exc_type is None)
+        self._folder.cleanup()
+
+
+# -- what callers use ------------------------------------------------------------------------------
+
+def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
+               label_a: str = "incumbent", label_b: str = "candidate", *,
+               floor: float | NoiseFloor = UNCALIBRATED_FLOOR,
+               resamples: int = RESAMPLES, seed: int = 0) -> ABResult:
+    """Measure b against a side by side in fresh workers; ``failed`` verdicts carry the failure."""
+    if blocks < 2 or blocks % 2 or steps_per_block < 1:
+        raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
+                         "equally often, and at least 1 step per block")
+    floor_value = floor.floor if isinstance(floor, NoiseFloor) else float(floor)
+    start, order = time.monotonic(), block_order(blocks)
+    times: dict[str, list[list[float]]] = {"a": [], "b": []}
+    sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec)
+             for s, label, spec in (("a", label_a, a), ("b", label_b, b))}
+    common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
+                  order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples)
+    try:
+        with ABRunner(a, b, timeout_s, (label_a, label_b)) as runner:
+            for side in ("a", "b"):  # settle: the first block after warm-up pays first-touch costs
+                runner.run(side, steps_per_block)
+            for side in order:
+                times[side].append(runner.run(side, steps_per_block))
+            for s in sides:
+                sides[s].config = runner.configs[s]
+    except SideFailed as exc:
+        return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure,
+                        wall_s=time.monotonic() - start, **common)
+    stats = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
+    sides["a"].block_medians, sides["b"].block_medians = stats.a_medians, stats.b_medians
+    return ABResult(a=sides["a"], b=sides["b"], ratio=stats.ratio, speedup=1.0 / stats.ratio, ci_low=stats.ci_low,
+                    ci_high=stats.ci_high, verdict=stats.verdict, wall_s=time.monotonic() - start, **common)
+
+
+class CalibrationFailed(RuntimeError):
+    """An A/A run failed, so no noise floor can be set (the incumbent itself does not run cleanly)."""
+
+
+def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
+                          repeats: int = 1, *, resamples: int = RESAMPLES, seed: int = 0) -> NoiseFloor:
+    """Run A against A ``repeats`` times in fresh workers and set the floor from the worst run."""
+    runs = []
+    for r in range(repeats):
+        run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
+                         resamples=resamples, seed=seed + r)
+        if run.failure is not None:
+            raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
+        runs.append(run)
+    return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
+
+
+def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
+                steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
+                seed: int = 0) -> Confirmation:
+    """Accept a win only if a second measurement, in fresh processes, also says ``faster``."""
+    if first is None:
+        first = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed)
+    assert_sides(first, incumbent, candidate)
+    if first.verdict != "faster":
+        return Confirmation(accepted=False, reason=f"the first measurement says {first.verdict}, not faster",
+                            runs=[first])
+    again = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed + 1)
+    assert_sides(again, incumbent, candidate)
+    if again.verdict != "faster":
+        return Confirmation(accepted=False, runs=[first, again],
+                            reason=f"the win did not hold in fresh processes: the second measurement says "
+                                   f"{again.verdict} (ratio {again.ratio}, interval {again.ci_low}..{again.ci_high})")
+    return Confirmation(accepted=True, runs=[first, again],
+                        reason=f"faster twice in fresh processes: ratios {first.ratio:.4f} and {again.ratio:.4f}, "
+                               f"both intervals below 1 - {again.floor:.4f}")
