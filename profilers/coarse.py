@@ -35,6 +35,11 @@ STEP_RANGE = "sg-opt/profiled-step"  # marks each timed step in the trace; the w
 TOP_OPS = 15
 _DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _BYTES_FIELD = re.compile(r'"bytes"\s*:\s*(\d+)')
+# CUDA runtime calls in which the host waits for the device: time spent in them inside a phase is
+# the device's time showing up on the host (a pageable copy waits for the stream to drain), not
+# the phase's own host work, and must not make the phase look host-bound.
+BLOCKING_RUNTIME = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                    "cudaMemcpyAsync", "cudaMemcpy2DAsync")
 
 
 # ----------------------------------------------------------------------------- interval helpers
@@ -133,6 +138,7 @@ class _Window:
         self.phases = [e for e in inside if e.name in phase_names and e.name != STEP_RANGE]
         self.ops = [e for e in inside if is_op(e) and e.name not in self.annotations]
         self.launchers = [e for e in inside if e.kernels]
+        self.waits = [e for e in inside if e.name in BLOCKING_RUNTIME]
         self.device = [(e, kind) for e in events if e.time_range.start >= self.start
                        and (kind := device_kind(e, self.annotations)) is not None]
         self.end = max([host_end] + [e.time_range.end for e, _ in self.device])
@@ -156,6 +162,15 @@ class _Window:
         totals: dict[str, float] = defaultdict(float)
         for e in self.phases:
             totals[e.name] += e.time_range.elapsed_us()
+        return totals
+
+    def host_wait_us(self, index: PhaseIndex) -> dict[str, float]:
+        """Host time blocked in CUDA synchronisations and copies, summed by the phase it falls in."""
+        totals: dict[str, float] = defaultdict(float)
+        for e in self.waits:
+            phase = index.locate(e.time_range.start)
+            if phase is not None:
+                totals[phase] += e.time_range.elapsed_us()
         return totals
 
     def device_us_by_phase(self, index: PhaseIndex) -> dict[str, float]:
@@ -183,6 +198,35 @@ class _Window:
 
     def memcpy_bytes(self, direction: str) -> int:
         return sum(memcpy_bytes(e) for e, kind in self.device if kind == "memcpy" and direction in e.name)
+
+
+def _trace_memcpy_bytes(prof: Any, trace_path: str | None) -> dict[str, int]:
+    """Bytes of device memcpys by direction, read from the Chrome trace's event args.
+
+    Some torch versions keep the byte count only in the exported trace, not on the FunctionEvent;
+    the trace covers everything the profiler saw (the settling step included).
+    """
+    import json
+    import os
+    import tempfile
+
+    path = trace_path
+    if path is None:
+        handle, path = tempfile.mkstemp(suffix=".json")
+        os.close(handle)
+        prof.export_chrome_trace(path)
+    try:
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        if trace_path is None:
+            os.unlink(path)
+    totals: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") == "gpu_memcpy":
+            direction = "HtoD" if "HtoD" in e.get("name", "") else "DtoH" if "DtoH" in e.get("name", "") else ""
+            totals[direction] += int(e.get("args", {}).get("bytes", 0) or 0)
+    return totals
 
 
 # ----------------------------------------------------------------------------- running steps
@@ -249,18 +293,24 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
     unprofiled_s = (unprofiled_before + unprofiled_after) / 2
     if trace_path:
         prof.export_chrome_trace(trace_path)
+    copied = _trace_memcpy_bytes(prof, trace_path) if on_cuda else {}
     peak, peak_kind = _peak_memory(device)
 
     window = _Window(prof.events(), session.phase_names)
     index = window.index()
+    # memcpy bytes come from the trace when the events lack them: those cover the settling step too
+    steps_in_profiler = steps if window.memcpy_bytes("HtoD") or window.memcpy_bytes("DtoH") else steps + 1
     step_s = profiled_s / steps
     host = window.host_us()
     device_us = window.device_us_by_phase(index) if on_cuda else {}
+    waits = window.host_wait_us(index) if on_cuda else {}
     phases = {}
     for name in session.phase_names:
         host_s = host.get(name, 0.0) / 1e6 / steps
+        wait_s = min(host_s, waits.get(name, 0.0) / 1e6 / steps)
         dev_s = device_us.get(name, 0.0) / 1e6 / steps if on_cuda else None
-        phases[name] = PhaseTime(host_s=host_s, device_s=dev_s, share=max(host_s, dev_s or 0.0) / step_s)
+        phases[name] = PhaseTime(host_s=host_s, host_wait_s=wait_s, device_s=dev_s,
+                                 share=max(host_s - wait_s, dev_s or 0.0) / step_s)
     busy_us = union_length((e.time_range.start, e.time_range.end) for e, _ in window.device)
     all_device_us = window.device_us()
     return CoarseProfile(
@@ -275,8 +325,8 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
                               if on_cuda and window.end > window.start else None),
         kernel_launches_per_step=sum(kind == "kernel" for _, kind in window.device) / steps,
         ops_per_step=len(window.ops) / steps, peak_memory_bytes=peak, peak_memory_kind=peak_kind,
-        memcpy_h2d_bytes_per_step=window.memcpy_bytes("HtoD") / steps,
-        memcpy_d2h_bytes_per_step=window.memcpy_bytes("DtoH") / steps,
+        memcpy_h2d_bytes_per_step=(window.memcpy_bytes("HtoD") or copied.get("HtoD", 0)) / steps_in_profiler,
+        memcpy_d2h_bytes_per_step=(window.memcpy_bytes("DtoH") or copied.get("DtoH", 0)) / steps_in_profiler,
         session_bytes_h2d_per_step=_counter_rate(before, after, "bytes_h2d", steps),
         session_bytes_d2h_per_step=_counter_rate(before, after, "bytes_d2h", steps),
         final_loss=values[-1], trace_path=trace_path,

@@ -27,10 +27,12 @@ class PhaseTime(BaseModel):
     """One named phase of the step, averaged over the profiled steps."""
 
     host_s: float = Field(description="host wall time inside the phase's record_function range, per step")
+    host_wait_s: float = Field(0.0, description="host time inside the range blocked in CUDA synchronisations "
+                                                "and copies, i.e. waiting for the device, per step")
     device_s: float | None = Field(None, description="device time of the kernels launched inside the range, "
                                                      "per step; None on a CPU run")
-    share: float = Field(description="max(host_s, device_s) / step_s: how much of the step this phase can "
-                                     "account for (an upper estimate when host and device overlap)")
+    share: float = Field(description="max(host_s - host_wait_s, device_s) / step_s: how much of the step this "
+                                     "phase can account for (an upper estimate when host and device overlap)")
 
 
 class OpTime(BaseModel):

@@ -19,10 +19,10 @@ def render(result: ProfileResult, console: Console) -> None:
                   f"profiler (overhead x{coarse.profiler_overhead:.2f}); {100 * coarse.attributed_share:.1f}% of "
                   f"the step in named phases")
     phases = Table(title="phases (per step)")
-    for col in ("phase", "host ms", "device ms", "share"):
+    for col in ("phase", "host ms", "of it waiting", "device ms", "share"):
         phases.add_column(col, justify="right" if col != "phase" else "left")
     for name, p in coarse.phases.items():
-        phases.add_row(name, _ms(p.host_s), _ms(p.device_s), f"{100 * p.share:.1f}%")
+        phases.add_row(name, _ms(p.host_s), _ms(p.host_wait_s), _ms(p.device_s), f"{100 * p.share:.1f}%")
     console.print(phases)
     ops = Table(title=f"top ops by self {coarse.time_basis} time")
     for col in ("op", "ms / step", "calls / step", "share"):

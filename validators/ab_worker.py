@@ -7,7 +7,7 @@ blocks is what makes the interleaving possible; the measurement loop lives here,
 candidate's code.
 
 Protocol, one JSON object per line. After the session is built and warmed up the worker prints
-``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n}``. It then reads commands
+``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...]}``. It then reads commands
 on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool}`` (per-step seconds from CUDA events on a GPU, perf_counter
 on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
@@ -90,7 +90,9 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     for _ in range(req.warmup):
         session.step()
     _sync(device)
-    reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads()})
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
+                "cpus": cpus})
     for line in commands:
         if not line.strip():
             continue

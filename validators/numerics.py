@@ -70,7 +70,8 @@ class NumericsVerdict(BaseModel):
     detail: str = Field(description="one sentence: which quantity failed and by how much, or what passed")
     max_errors: dict[str, float] = Field(default_factory=dict, description=(
         "worst error per quantity: relative for loss, grad_norms, param_norms; signed relative for "
-        "loss_drift; relative L2 for probe; 1 - correlation for probe_correlation; absolute for quality"))
+        "loss_drift; relative L2 for probe (elementwise relative under exact); 1 - correlation for "
+        "probe_correlation; 1 if the sha256 differs for digest; absolute drop for quality"))
 
 
 @dataclass(frozen=True)
@@ -206,16 +207,19 @@ def _param_norms(base: NumericsData, cand: NumericsData, band: float) -> list[Me
     return [_worst("param_norms", ((_rel(b[k], c[k]), band, f"of group {k}") for k in b), "relative")]
 
 
-def _trajectories(base: NumericsData, cand: NumericsData, band: Callable[[int], float]) -> list[Measure]:
-    losses = ((_rel(b, c), band(i), f"at step {i}") for i, (b, c) in enumerate(zip(base.losses, cand.losses)))
-    norms = ((_rel(b[k], c[k]), band(i), f"of group {k} at step {i}")
+def _trajectories(base: NumericsData, cand: NumericsData, loss_band: Callable[[int], float],
+                  norm_band: Callable[[int], float]) -> tuple[Measure, Measure]:
+    """Relative errors of the loss and of every group's grad norm, step by step, against per-step bands."""
+    losses = ((_rel(b, c), loss_band(i), f"at step {i}") for i, (b, c) in enumerate(zip(base.losses, cand.losses)))
+    norms = ((_rel(b[k], c[k]), norm_band(i), f"of group {k} at step {i}")
              for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)) for k in b)
-    return [_worst("loss", losses, "relative"), _worst("grad_norms", norms, "relative")]
+    return _worst("loss", losses, "relative"), _worst("grad_norms", norms, "relative")
 
 
 def _reorder(base: NumericsData, cand: NumericsData) -> list[Measure]:
     end = reorder_band(len(base.losses))
-    return [*_trajectories(base, cand, reorder_band), _probe_rel_l2(base, cand, end), *_param_norms(base, cand, end)]
+    return [*_trajectories(base, cand, reorder_band, reorder_band), _probe_rel_l2(base, cand, end),
+            *_param_norms(base, cand, end)]
 
 
 def _correlation(base: NumericsData, cand: NumericsData) -> Measure:
@@ -235,17 +239,16 @@ def _drift(base: NumericsData, cand: NumericsData) -> Measure:
     tail = list(zip(base.losses[-quarter:], cand.losses[-quarter:]))
     excess = sum((c - b) / max(abs(b), TINY) for b, c in tail) / max(len(tail), 1)
     failed = excess > PRECISION_DRIFT_RTOL
-    return Measure("loss_drift", excess, failed,
-                   f"loss_drift over the last {len(tail)} steps is {excess:+.2g} relative (mean signed excess "
-                   f"over the baseline), band {PRECISION_DRIFT_RTOL:.2g}")
+    if failed:
+        return Measure("loss_drift", excess, True,
+                       f"loss_drift: the candidate's loss over the last {len(tail)} steps exceeds the baseline's "
+                       f"by {excess:.2g} relative on average, band {PRECISION_DRIFT_RTOL:.2g}")
+    return Measure("loss_drift", excess, False, f"loss_drift {excess:+.2g} relative over the last {len(tail)} steps "
+                                                f"(band {PRECISION_DRIFT_RTOL:.2g})")
 
 
 def _precision(base: NumericsData, cand: NumericsData) -> list[Measure]:
-    loss = _worst("loss", ((_rel(b, c), PRECISION_LOSS_RTOL, f"at step {i}")
-                           for i, (b, c) in enumerate(zip(base.losses, cand.losses))), "relative")
-    norms = _worst("grad_norms", ((_rel(b[k], c[k]), PRECISION_GRAD_NORM_RTOL, f"of group {k} at step {i}")
-                                  for i, (b, c) in enumerate(zip(base.grad_norms, cand.grad_norms)) for k in b),
-                   "relative")
+    loss, norms = _trajectories(base, cand, lambda _: PRECISION_LOSS_RTOL, lambda _: PRECISION_GRAD_NORM_RTOL)
     return [loss, _drift(base, cand), norms, _probe_rel_l2(base, cand, PRECISION_PROBE_REL_L2),
             _correlation(base, cand), *_param_norms(base, cand, PRECISION_LOSS_RTOL)]
 
@@ -283,7 +286,7 @@ def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str
         measures = _quality(quality_baseline, quality_candidate, quality_metric, quality_margin)
     else:
         measures = _CLASSES[numerics_class](baseline, candidate)
-    errors = {m.quantity: m.error for m in measures}
+    errors = {m.quantity: m.error for m in measures if math.isfinite(m.error)}  # JSON has no inf
     failed = next((m for m in measures if m.failed), None)
     if failed is not None:
         return NumericsVerdict(ok=False, numerics_class=numerics_class, failed_quantity=failed.quantity,

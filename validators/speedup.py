@@ -7,6 +7,11 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   the balanced order A B B A A B B A ... Each pair of blocks sits in the same minute of machine time
   and each side goes first in half the pairs, so linear drift (thermal, turbo, a neighbour's load)
   cancels instead of favouring whoever ran second.
+* **Same cores.** Both workers are pinned to one CPU set (``shared_cpus``: the last ``threads`` CPUs
+  this process may use, or all of them when a spec leaves threads to torch). Left to the scheduler,
+  each process keeps to "its" core, and on a loaded machine one core is busier than the other for
+  minutes: on the 2-core CI box 12 A/A runs of the tiny trainer spread with a standard deviation of
+  5.1% (one at 0.876, a false win) unpinned, and 1.5% (worst 0.975) pinned.
 * **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
   step moves nothing). The ratio is the median over block pairs of B's block median over A's:
   *candidate time over incumbent time, below 1 is faster*; the speedup is its inverse. Without drift it
@@ -36,6 +41,7 @@ without processes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -47,7 +53,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Iterator, Literal, Sequence, get_args
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -61,7 +67,7 @@ Side = Literal["a", "b"]
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_FLOOR = 0.01
-UNCALIBRATED_FLOOR = 0.10  # without an A/A floor: contended 2-core CPU runs calibrated to 8%, so be safe
+UNCALIBRATED_FLOOR = 0.10  # for callers that skip calibration; the shared 2-core CI box calibrates to 6-10%
 QUIT_GRACE_S = 10.0
 
 
@@ -155,6 +161,7 @@ class SideSummary(BaseModel):
     spec: WorkerRequest
     config: dict[str, Any] = Field(default_factory=dict, description="the resolved config the worker reported")
     block_medians: list[float] = Field(default_factory=list, description="median step seconds of each block")
+    cpus: list[int] | None = Field(None, description="the CPUs the worker reported it may run on")
 
 
 class ABResult(BaseModel):
@@ -172,6 +179,7 @@ class ABResult(BaseModel):
     order: list[Side] = Field(description="the order the blocks ran in")
     blocks: int
     steps_per_block: int
+    cpus: list[int] | None = Field(None, description="the CPU set both workers were pinned to (None: not pinned)")
     failure: Failure | None = None
     wall_s: float = 0.0
 
@@ -216,16 +224,41 @@ class SideFailed(RuntimeError):
         self.failure = Failure(kind=known, message=f"{label}: {message}", detail=detail)
 
 
+def shared_cpus(a: WorkerRequest, b: WorkerRequest) -> list[int] | None:
+    """The CPU set both sides run on: the last ``threads`` allowed CPUs (CPU 0 takes most interrupts),
+    all allowed CPUs when a spec leaves the thread count to torch, None where affinity is unsupported."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    wanted = max(a.threads, b.threads) if a.threads and b.threads else len(allowed)
+    return allowed[-min(wanted, len(allowed)):]
+
+
+@contextlib.contextmanager
+def _inherited_affinity(cpus: Sequence[int] | None) -> Iterator[None]:
+    """Pin the calling thread while it forks, so the child starts pinned (and so do all its threads)."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
 class _Worker:
     """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
 
-    def __init__(self, spec: WorkerRequest, label: str, request: Path):
+    def __init__(self, spec: WorkerRequest, label: str, request: Path, cpus: Sequence[int] | None):
         self.label = label
         request.write_text(spec.model_dump_json())
         self.stderr = open(request.with_suffix(".stderr"), "w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "validators.ab_worker", "--request", str(request)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     env=scrubbed_env(), start_new_session=True, text=True, bufsize=1)
+        with _inherited_affinity(cpus):
+            self.proc = subprocess.Popen([sys.executable, "-m", "validators.ab_worker", "--request", str(request)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                         env=scrubbed_env(), start_new_session=True, text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -285,19 +318,21 @@ class ABRunner:
     """Two live workers, started and warmed up together, always torn down on exit."""
 
     def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
-                 labels: tuple[str, str] = ("incumbent", "candidate")):
+                 labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None):
         self.specs, self.labels, self.timeout_s = {"a": a, "b": b}, dict(zip(("a", "b"), labels)), timeout_s
+        self.cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
         self.workers: dict[str, _Worker] = {}
-        self.configs: dict[str, dict[str, Any]] = {}
+        self.ready: dict[str, dict[str, Any]] = {}
 
     def __enter__(self) -> "ABRunner":
         self.deadline = time.monotonic() + self.timeout_s
         self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
         try:
             for side, spec in self.specs.items():
-                self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json")
+                self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
+                                             self.cpus)
             for side, worker in self.workers.items():
-                self.configs[side] = worker.receive(self.deadline, "ready line").get("config", {})
+                self.ready[side] = worker.receive(self.deadline, "ready line")
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise
@@ -322,9 +357,10 @@ class ABRunner:
 
 def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                label_a: str = "incumbent", label_b: str = "candidate", *,
-               floor: float | NoiseFloor = UNCALIBRATED_FLOOR,
-               resamples: int = RESAMPLES, seed: int = 0) -> ABResult:
-    """Measure b against a side by side in fresh workers; ``failed`` verdicts carry the failure."""
+               floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
+               cpus: Sequence[int] | None = None) -> ABResult:
+    """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``);
+    ``failed`` verdicts carry the failure."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
@@ -333,16 +369,17 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
     times: dict[str, list[list[float]]] = {"a": [], "b": []}
     sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec)
              for s, label, spec in (("a", label_a, a), ("b", label_b, b))}
+    cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
     common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
-                  order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples)
+                  order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples, cpus=cpus)
     try:
-        with ABRunner(a, b, timeout_s, (label_a, label_b)) as runner:
+        with ABRunner(a, b, timeout_s, (label_a, label_b), cpus) as runner:
             for side in ("a", "b"):  # settle: the first block after warm-up pays first-touch costs
                 runner.run(side, steps_per_block)
             for side in order:
                 times[side].append(runner.run(side, steps_per_block))
             for s in sides:
-                sides[s].config = runner.configs[s]
+                sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure,
                         wall_s=time.monotonic() - start, **common)
@@ -357,12 +394,13 @@ class CalibrationFailed(RuntimeError):
 
 
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
-                          repeats: int = 1, *, resamples: int = RESAMPLES, seed: int = 0) -> NoiseFloor:
+                          repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
+                          cpus: Sequence[int] | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers and set the floor from the worst run."""
     runs = []
     for r in range(repeats):
         run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
-                         resamples=resamples, seed=seed + r)
+                         resamples=resamples, seed=seed + r, cpus=cpus)
         if run.failure is not None:
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
         runs.append(run)
@@ -371,15 +409,17 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
 
 def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
                 steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
-                seed: int = 0) -> Confirmation:
+                seed: int = 0, cpus: Sequence[int] | None = None) -> Confirmation:
     """Accept a win only if a second measurement, in fresh processes, also says ``faster``."""
     if first is None:
-        first = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed)
+        first = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed,
+                           cpus=cpus)
     assert_sides(first, incumbent, candidate)
     if first.verdict != "faster":
         return Confirmation(accepted=False, reason=f"the first measurement says {first.verdict}, not faster",
                             runs=[first])
-    again = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed + 1)
+    again = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed + 1,
+                       cpus=cpus)
     assert_sides(again, incumbent, candidate)
     if again.verdict != "faster":
         return Confirmation(accepted=False, runs=[first, again],

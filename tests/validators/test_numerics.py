@@ -10,8 +10,8 @@ import pytest
 
 from targets.worker_client import run_worker
 from targets.worker_protocol import NumericsData, WorkerRequest
-from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_RTOL, compare,
-                                 reorder_band)
+from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_RTOL,
+                                 NumericsVerdict, compare, reorder_band)
 
 STEPS = 12
 GROUPS = ("encoder", "tail")
@@ -165,6 +165,7 @@ def test_model_class_judges_quality_not_trajectories():
 def test_model_class_fails_without_its_quality_metric(baseline, candidate):
     verdict = compare(make(), make(), "model", quality_baseline=baseline, quality_candidate=candidate)
     assert not verdict.ok and verdict.failed_quantity == "quality" and "missing" in verdict.detail
+    assert NumericsVerdict.model_validate_json(verdict.model_dump_json()) == verdict
 
 
 def test_model_class_takes_another_metric_and_margin():

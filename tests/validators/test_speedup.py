@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import validators.speedup as speedup
 from targets.protocol import Target
 from targets.worker_client import scrubbed_env
-from targets.worker_protocol import WorkerRequest
+from targets.worker_protocol import Failure, WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
-from validators.speedup import (ABResult, SideSummary, SidesMismatch, analyse, assert_sides, block_order,
-                                bootstrap_ratio_ci, decide, floor_from, measure_ab, paired_ratio, spec_digest)
+from validators.speedup import (ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse, assert_sides,
+                                block_order, bootstrap_ratio_ci, calibrate_noise_floor, confirm_win, decide,
+                                floor_from, measure_ab, paired_ratio, shared_cpus, spec_digest)
 
 BASE_STEP_S = 3e-3
 
@@ -117,11 +119,54 @@ INCUMBENT = WorkerRequest(target="haste-rec", size="tiny", mode="bench", threads
 CANDIDATE = INCUMBENT.model_copy(update={"config": {"embedding_grad_mode": "fused"}})
 
 
-def result_for(a: WorkerRequest, b: WorkerRequest) -> ABResult:
+def result_for(a: WorkerRequest, b: WorkerRequest, verdict: str = "faster", ratio: float = 0.8,
+               ci: tuple[float, float] = (0.78, 0.82)) -> ABResult:
     sides = [SideSummary(label=label, digest=spec_digest(spec), spec=spec)
              for label, spec in (("incumbent", a), ("candidate", b))]
     return ABResult(a=sides[0], b=sides[1], ratio_definition="candidate_time / incumbent_time (below 1 is faster)",
-                    ratio=0.8, floor=0.01, verdict="faster", order=block_order(2), blocks=2, steps_per_block=1)
+                    ratio=ratio, ci_low=ci[0], ci_high=ci[1], floor=0.01, verdict=verdict, order=block_order(2),
+                    blocks=2, steps_per_block=1)
+
+
+def scripted(monkeypatch, *results: ABResult) -> list[tuple]:
+    """Replace the process-level measurement with canned results, recording each call's sides."""
+    calls, queue = [], list(results)
+
+    def fake(a, b, *args, **kwargs):
+        calls.append((a, b))
+        return queue.pop(0)
+    monkeypatch.setattr(speedup, "measure_ab", fake)
+    return calls
+
+
+def test_calibration_takes_the_worst_aa_run(monkeypatch):
+    calls = scripted(monkeypatch, result_for(INCUMBENT, INCUMBENT, "no-difference", 1.01, (0.99, 1.03)),
+                     result_for(INCUMBENT, INCUMBENT, "no-difference", 0.97, (0.95, 1.01)))
+    floor = calibrate_noise_floor(INCUMBENT, 4, 5, 60, repeats=2)
+    assert floor.floor == pytest.approx(0.03 + 0.03) and len(floor.runs) == 2
+    assert calls == [(INCUMBENT, INCUMBENT)] * 2
+
+
+def test_calibration_refuses_a_failed_aa_run(monkeypatch):
+    failed = result_for(INCUMBENT, INCUMBENT, "failed")
+    failed.failure = Failure(kind="crash", message="A2: the worker was killed by SIGKILL")
+    scripted(monkeypatch, failed)
+    with pytest.raises(CalibrationFailed, match="SIGKILL"):
+        calibrate_noise_floor(INCUMBENT, 4, 5, 60, repeats=1)
+
+
+@pytest.mark.parametrize("second,accepted", [("faster", True), ("no-difference", False), ("failed", False)])
+def test_a_win_is_accepted_only_if_fresh_processes_confirm_it(monkeypatch, second, accepted):
+    calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE), result_for(INCUMBENT, CANDIDATE, second))
+    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60)
+    assert confirmation.accepted is accepted and len(confirmation.runs) == 2 and len(calls) == 2
+
+
+def test_no_win_means_no_second_measurement_and_swaps_are_caught(monkeypatch):
+    calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE, "no-difference", 0.99, (0.95, 1.02)))
+    assert not confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60).accepted and len(calls) == 1
+    with pytest.raises(SidesMismatch, match="swapped"):
+        confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60, first=result_for(CANDIDATE, INCUMBENT))
 
 
 def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
@@ -131,6 +176,14 @@ def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
     other = CANDIDATE.model_copy(update={"config": {"precision": "bf16"}})
     with pytest.raises(SidesMismatch, match="side b"):
         assert_sides(result_for(INCUMBENT, other), INCUMBENT, CANDIDATE)
+
+
+def test_shared_cpus_are_the_last_allowed_cpus_for_the_thread_count():
+    allowed = sorted(os.sched_getaffinity(0))
+    one = INCUMBENT.model_copy(update={"threads": 1})
+    assert shared_cpus(one, one) == allowed[-1:]
+    assert shared_cpus(one, one.model_copy(update={"threads": 64})) == allowed  # never more than allowed
+    assert shared_cpus(one, one.model_copy(update={"threads": None})) == allowed  # torch's choice: all cores
 
 
 def test_spec_digest_sees_kernel_sources_not_just_their_path(tmp_path):
@@ -195,4 +248,5 @@ def test_real_aa_of_the_reference_trainer_is_not_faster():
     assert result.ratio_definition == "candidate_time / incumbent_time (below 1 is faster)"
     assert result.ci_low <= result.ratio <= result.ci_high and result.speedup == pytest.approx(1 / result.ratio)
     assert len(result.a.block_medians) == 6 and result.a.config["embedding_grad_mode"] == "dense"
+    assert result.a.cpus == result.b.cpus == result.cpus == shared_cpus(INCUMBENT, INCUMBENT)  # the same cores
     assert_sides(result, INCUMBENT, INCUMBENT)
