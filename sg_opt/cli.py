@@ -113,11 +113,20 @@ def bench(
     warmup: int = typer.Option(5, min=0, help="untimed steps first"),
     phase_steps: int = typer.Option(5, min=0, help="steps of the synchronised per-phase pass"),
     threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
+    vs: Optional[str] = typer.Option(None, "--vs", help="a second config (TOML) to measure side by side against "
+                                                        "this one: interval and verdict"),
+    blocks: int = typer.Option(10, min=2, help="--vs: interleaved blocks per side (even)"),
+    block_steps: int = typer.Option(5, min=1, help="--vs: steps per block"),
+    floor: Optional[float] = typer.Option(None, min=0.0, help="--vs: noise floor (default: A/A calibration)"),
 ) -> None:
-    """Time training steps of one target config in a worker process."""
+    """Time training steps of one target config in a worker process (or two, side by side, with --vs)."""
     from sg_opt.bench import bench as run_bench, render
 
     overrides = _inputs(target, size, config, set_, data)
+    if vs is not None:
+        _bench_vs(target, size, overrides, _inputs(target, size, vs, [], data), data, device, warmup, threads,
+                  timeout, blocks, block_steps, floor, as_json)
+        return
     with console.status(f"benchmarking {target} @ {size} on {device} ..."):
         result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data)
     if as_json:
@@ -125,6 +134,29 @@ def bench(
     _check_result(result)
     if not as_json:
         render(result, console)
+
+
+def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: str | None, device: str, warmup: int,
+              threads: int | None, timeout: float, blocks: int, block_steps: int, floor: float | None,
+              as_json: bool) -> None:
+    from sg_opt.compare import compare, render
+    from targets.worker_protocol import WorkerRequest
+
+    if blocks % 2:
+        fail("--blocks must be even, so that each side runs first equally often")
+    spec = dict(target=target, size=size, mode="bench", data=data, device=device, warmup=warmup, threads=threads)
+    with console.status("calibrating the noise floor (A/A), then measuring side by side ..."):
+        try:
+            result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
+                                    blocks, block_steps, timeout, floor)
+        except RuntimeError as exc:  # the incumbent itself failed during calibration
+            fail(str(exc), code=1)
+    if as_json:
+        print(result.model_dump_json(indent=1))
+    if result.failure is not None:
+        fail(f"the comparison failed ({result.failure.kind}): {result.failure.message}", code=1)
+    if not as_json:
+        render(result, noise, console)
 
 
 @app.command()

@@ -96,3 +96,22 @@ def test_profile_tiny_prints_phases_ops_and_findings(tmp_path):
 def test_profile_bad_knob_is_one_sentence():
     result = runner.invoke(app, ["profile", "--set", "precision=fp8"])
     assert result.exit_code == 2 and "precision" in result.output and "Traceback" not in result.output
+
+
+def test_bench_vs_names_sides_interval_and_verdict(tmp_path):
+    other = tmp_path / "fused.toml"
+    other.write_text('[knobs]\nembedding_grad_mode = "fused"\n')
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--threads", "1", "--vs", str(other), "--blocks", "2",
+                                 "--block-steps", "2", "--floor", "0.5", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["a"]["label"] == "incumbent" and payload["b"]["spec"]["config"] == {"embedding_grad_mode": "fused"}
+    assert payload["ratio_definition"].startswith("candidate_time / incumbent_time")
+    assert payload["ci_low"] <= payload["ratio"] <= payload["ci_high"] and payload["verdict"] == "no-difference"
+
+
+def test_bench_vs_odd_blocks_is_a_usage_error(tmp_path):
+    other = tmp_path / "o.toml"
+    other.write_text("")
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--vs", str(other), "--blocks", "3"])
+    assert result.exit_code == 2 and "even" in result.output

@@ -1,0 +1,36 @@
+"""`sg-opt bench --vs OTHER.toml`: incumbent vs candidate, side by side, with an interval and a verdict.
+
+The noise floor comes from an A/A calibration of the incumbent on this machine (unless given), and
+the result names which side is which and the ratio's direction, so it can never be read backwards.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from targets.worker_protocol import WorkerRequest
+from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
+
+
+def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
+            floor: float | None) -> tuple[ABResult, NoiseFloor | float]:
+    """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it."""
+    noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
+        incumbent, blocks, block_steps, timeout_s)
+    return measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise), noise
+
+
+def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:
+    floor_note = (f"calibrated by {len(noise.runs)} A/A runs of the incumbent" if isinstance(noise, NoiseFloor)
+                  else "given with --floor")
+    table = Table(title=f"{result.b.label} vs {result.a.label}: {result.ratio_definition}")
+    for col in ("side", "config", "median step ms (per block)"):
+        table.add_column(col, overflow="fold")
+    for side in (result.a, result.b):
+        blocks = ", ".join(f"{1e3 * m:.2f}" for m in side.block_medians)
+        table.add_row(side.label, str(side.spec.config or "defaults"), blocks)
+    console.print(table)
+    console.print(f"ratio {result.ratio:.4f} (speedup x{result.speedup:.3f}), {100 * result.confidence:.0f}% interval "
+                  f"[{result.ci_low:.4f}, {result.ci_high:.4f}], noise floor {result.floor:.4f} ({floor_note}) "
+                  f"-> [bold]{result.verdict}[/]")
