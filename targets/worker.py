@@ -13,7 +13,6 @@ import importlib.util
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -52,7 +51,7 @@ def load_kernels(directory: str | None, target: Target) -> dict[str, Callable[..
     return kernels
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -67,7 +66,7 @@ def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> Ben
     """Warm up, then time each step (CUDA events on GPU, perf_counter on CPU), then one timed-phase pass."""
     for _ in range(req.warmup):
         session.step()
-    _sync(device)
+    sync_device(device)
     losses: list[torch.Tensor] = []
     if device.type == "cuda":
         events = [torch.cuda.Event(enable_timing=True) for _ in range(req.steps + 1)]
@@ -125,12 +124,51 @@ def environment(device: torch.device) -> Environment:
                        python=platform.python_version(), threads=torch.get_num_threads())
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device cuda was asked for but torch sees no CUDA device here")
     if name != "cpu" and not name.startswith("cuda"):
         raise ConfigError(f"unknown device {name!r}; use cpu or cuda")
     return torch.device(name)
+
+
+def build_session(req: WorkerRequest, device: torch.device) -> tuple[Target, dict[str, Any], dict, Session]:
+    """(target, resolved config, loaded kernels, session) for a request; ConfigError on bad input.
+
+    Every worker (bench, profile, A/B) builds its session here, so they all read a request alike.
+    """
+    target = resolve_target(req.target)
+    target.check_size(req.size)
+    config = target.knob_space.resolve(req.config)
+    kernels = load_kernels(req.kernels_dir, target)
+    extra = {}
+    if req.data:
+        if not target.data_formats:
+            raise ConfigError(f"target {target.name} reads no data files; drop --data")
+        if not Path(req.data).is_file():
+            raise ConfigError(f"data file {req.data} does not exist")
+        extra["data"] = req.data
+    return target, config, kernels, target.build(config, req.size, kernels, device, req.seed, **extra)
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """The structured failure for an exception the workload raised."""
+    if isinstance(exc, ConfigError):
+        return Failure(kind="config", message=str(exc))
+    if isinstance(exc, NonFiniteLoss):
+        return Failure(kind="nan", message=str(exc))
+    detail = traceback.format_exc()[-4000:]
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Failure(kind="oom", message=f"out of memory: {first}", detail=detail)
+    return Failure(kind="exception", message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500], detail=detail)
+
+
+def write_result(path: str | Path, record: Any) -> None:
+    """Write a pydantic record as JSON atomically: a killed worker leaves no half-written result."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(record.model_dump_json(indent=1))
+    os.replace(tmp, path)
 
 
 def execute(req: WorkerRequest) -> WorkerResult:
@@ -140,21 +178,9 @@ def execute(req: WorkerRequest) -> WorkerResult:
     try:
         if req.threads:
             torch.set_num_threads(req.threads)
-        device = _device(req.device)
+        device = resolve_device(req.device)
         result.environment = environment(device)
-        target = resolve_target(req.target)
-        target.check_size(req.size)
-        config = target.knob_space.resolve(req.config)
-        result.config = config
-        kernels = load_kernels(req.kernels_dir, target)
-        extra = {}
-        if req.data:
-            if not target.data_formats:
-                raise ConfigError(f"target {target.name} reads no data files; drop --data")
-            if not Path(req.data).is_file():
-                raise ConfigError(f"data file {req.data} does not exist")
-            extra["data"] = req.data
-        session = target.build(config, req.size, kernels, device, req.seed, **extra)
+        _, result.config, _, session = build_session(req, device)
         if req.mode == "bench":
             result.bench = run_bench(session, req, device)
         elif req.mode == "numerics":
@@ -162,16 +188,8 @@ def execute(req: WorkerRequest) -> WorkerResult:
         else:
             result.quality = run_quality(session, req)
         result.ok = True
-    except ConfigError as exc:
-        result.failure = Failure(kind="config", message=str(exc))
-    except NonFiniteLoss as exc:
-        result.failure = Failure(kind="nan", message=str(exc))
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        result.failure = Failure(kind="oom", message=f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                                 detail=traceback.format_exc()[-4000:])
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
-        result.failure = Failure(kind="exception", message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
-                                 detail=traceback.format_exc()[-4000:])
+        result.failure = failure_of(exc)
     result.wall_s = time.perf_counter() - start
     return result
 
@@ -182,10 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True, help="where to write the WorkerResult JSON")
     args = parser.parse_args(argv)
     req = WorkerRequest.model_validate_json(Path(args.request).read_text())
-    result = execute(req)
-    tmp = Path(args.result).with_suffix(".tmp")
-    tmp.write_text(result.model_dump_json(indent=1))
-    os.replace(tmp, args.result)
+    write_result(args.result, execute(req))
     sys.stdout.flush()
     return 0
 

@@ -14,10 +14,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
+
+from pydantic import BaseModel
 
 from targets.worker_protocol import Failure, WorkerRequest, WorkerResult
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.IGNORECASE)
+R = TypeVar("R", bound=BaseModel)
 SECRET_PREFIXES = ("OPENAI", "ANTHROPIC", "AZURE", "AWS_", "GOOGLE_", "HF_", "HUGGING")
 
 
@@ -39,18 +43,26 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _failed(req: WorkerRequest, kind: str, message: str, detail: str = "") -> WorkerResult:
-    return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
-                        failure=Failure(kind=kind, message=message, detail=detail))
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        name = _signal_name(code)
+        hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
 
 
-def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> WorkerResult:
-    """Run one request in a fresh process; return its result or a structured failure."""
+def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: float,
+              failed: Callable[[str, str, str], R], env: dict[str, str] | None = None, what: str = "worker") -> R:
+    """Run ``python -m module --request F --result F`` in a fresh, scrubbed process group.
+
+    Returns the child's result record, or ``failed(kind, message, detail)`` for a hang (killed at
+    the time limit), a crash, or an unreadable result. Every worker of sg-opt is started here.
+    """
     with tempfile.TemporaryDirectory(prefix="sg-opt-worker-") as tmp:
         request_file, result_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
         stderr_file = Path(tmp) / "stderr.txt"
-        request_file.write_text(req.model_dump_json())
-        cmd = [sys.executable, "-m", "targets.worker", "--request", str(request_file), "--result", str(result_file)]
+        request_file.write_text(request.model_dump_json())
+        cmd = [sys.executable, "-m", module, "--request", str(request_file), "--result", str(result_file)]
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                                     env=scrubbed_env(env), start_new_session=True)
@@ -59,13 +71,20 @@ def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str]
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return _failed(req, "timeout", f"the worker did not finish within {timeout_s:g} s and was killed")
+                return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", "")
         stderr_tail = stderr_file.read_bytes()[-4000:].decode(errors="replace")
-        if result_file.exists():
-            try:
-                return WorkerResult.model_validate_json(result_file.read_text())
-            except ValueError as exc:
-                return _failed(req, "crash", f"the worker wrote an unreadable result ({exc})", stderr_tail)
-        if code < 0:
-            return _failed(req, "crash", f"the worker was killed by {_signal_name(code)}", stderr_tail)
-        return _failed(req, "crash", f"the worker exited with code {code} without a result", stderr_tail)
+        if not result_file.exists():
+            return failed("crash", f"the {what} {_exit_reason(code)} without a result", stderr_tail)
+        try:
+            return result_type.model_validate_json(result_file.read_text())
+        except ValueError as exc:
+            return failed("crash", f"the {what} wrote an unreadable result ({exc})", stderr_tail)
+
+
+def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> WorkerResult:
+    """Run one request in a fresh process; return its result or a structured failure."""
+    def failed(kind: str, message: str, detail: str) -> WorkerResult:
+        return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
+                            failure=Failure(kind=kind, message=message, detail=detail))
+
+    return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env)

@@ -30,8 +30,7 @@ from typing import IO, Any
 import torch
 
 from targets.protocol import ConfigError, Session
-from targets.registry import resolve_target
-from targets.worker import _device, _sync, load_kernels
+from targets.worker import build_session as build_target_session, resolve_device, sync_device
 from targets.worker_protocol import WorkerRequest
 
 
@@ -45,21 +44,11 @@ def claim_stdout() -> IO[str]:
 
 
 def build_session(req: WorkerRequest) -> tuple[Session, torch.device, dict[str, Any]]:
-    """Resolve the request's target and config and build its session (as ``targets.worker`` does)."""
+    """The request's session, built as every worker builds it (``targets.worker.build_session``)."""
     if req.threads:
         torch.set_num_threads(req.threads)
-    device = _device(req.device)
-    target = resolve_target(req.target)
-    target.check_size(req.size)
-    config = target.knob_space.resolve(req.config)
-    extra: dict[str, Any] = {}
-    if req.data:
-        if not target.data_formats:
-            raise ConfigError(f"target {target.name} reads no data files")
-        if not Path(req.data).is_file():
-            raise ConfigError(f"data file {req.data} does not exist")
-        extra["data"] = req.data
-    session = target.build(config, req.size, load_kernels(req.kernels_dir, target), device, req.seed, **extra)
+    device = resolve_device(req.device)
+    _, config, _, session = build_target_session(req, device)
     return session, device, config
 
 
@@ -89,7 +78,7 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     session, device, config = build_session(req)
     for _ in range(req.warmup):
         session.step()
-    _sync(device)
+    sync_device(device)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
                 "cpus": cpus})

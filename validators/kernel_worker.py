@@ -35,6 +35,7 @@ from pydantic import BaseModel
 
 from targets.protocol import ConfigError, KernelSlot
 from targets.registry import resolve_target
+from targets.worker import write_result
 from targets.worker_client import scrubbed_env
 from validators.kernel import KernelVerdict, Rejected, check_kernel, draw_seed, parse_dtype
 
@@ -223,10 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     request_file = Path(args.request)
     req = KernelRequest.model_validate_json(request_file.read_text())
     request_file.unlink()
-    result = KernelResult(nonce=req.nonce, verdict=execute(req))
-    tmp = Path(args.result).with_suffix(".tmp")
-    tmp.write_text(result.model_dump_json(indent=1))
-    os.replace(tmp, args.result)
+    write_result(args.result, KernelResult(nonce=req.nonce, verdict=execute(req)))
     return 0
 
 
