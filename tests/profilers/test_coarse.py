@@ -150,3 +150,20 @@ def test_device_kind_and_memcpy_bytes_without_new_profiler_fields():
     mirror = SimpleNamespace(name="backward", device_type=DeviceType.CUDA, is_user_annotation=False)
     assert device_kind(mirror, {"backward"}) is None
     assert device_kind(SimpleNamespace(name="aten::mm", device_type=DeviceType.CPU), set()) is None
+
+
+def test_host_time_blocked_on_the_device_is_split_out_of_its_phase():
+    """A pageable copy in `data` waits for the previous step's kernels: that wait is the device's
+    time, not data work, and must not make `data` look like the bottleneck."""
+    events = [
+        _event(STEP_RANGE, 0, 100, annotation=True),
+        _event("data", 0, 60, annotation=True),
+        _event("cudaMemcpyAsync", 5, 55, activity="cuda_runtime"),      # blocked 50 us on the stream
+        _event("backward", 60, 100, annotation=True),
+        _event("cudaStreamSynchronize", 90, 95, activity="cuda_runtime"),
+        _event("cudaLaunchKernel", 61, 62, activity="cuda_runtime"),   # not a wait
+    ]
+    window = _Window(events, ("data", "backward"))
+    waits = window.host_wait_us(window.index())
+    assert dict(waits) == {"data": 50, "backward": 5}
+    assert window.host_us()["data"] - waits["data"] == 10  # the phase's own host work
