@@ -123,6 +123,24 @@ class SlotTiming(BaseModel):
     bound: Literal["memory", "compute"] = Field(description="which roof is lower at this intensity")
 
 
+class OpTiming(BaseModel):
+    """One of the step's top ops, timed per call on the shapes the running config gives it."""
+
+    name: str
+    shapes: list[list[int]] = Field(description="input shapes of the timed call signature")
+    dtypes: list[str]
+    calls_per_step: float
+    median_s: float = Field(description="median time per call (device time on CUDA, self CPU time on the CPU)")
+    p10_s: float
+    p90_s: float
+    flops: float | None = Field(None, description="2*M*N*K for matmul-family ops; None where no model exists")
+    input_bytes: float = Field(description="bytes of the tensor inputs (outputs are not counted)")
+    achieved_flops_per_s: float | None = None
+    achieved_bytes_per_s: float
+    roofline_fraction: float | None = Field(None, description="achieved / attainable FLOP/s where flops are known, "
+                                                              "else input bytes/s over the copy ceiling")
+
+
 class FineProfile(BaseModel):
     """Kernel slots timed on the running config's real shapes, against measured ceilings."""
 
@@ -133,6 +151,7 @@ class FineProfile(BaseModel):
     ceilings: Ceilings
     slots: list[SlotTiming]
     top_ops: list[OpTime] = Field(default_factory=list, description="copied from the coarse profile, if given")
+    op_timings: list[OpTiming] = Field(default_factory=list, description="the top ops timed per call in situ")
 
 
 # ----------------------------------------------------------------------------- findings

@@ -20,9 +20,13 @@ from profilers.ceilings import get_ceilings
 from profilers.coarse import profile_session
 from profilers.fine import HASTE_REC_SLOT_PHASES, haste_rec_slot_dtype, haste_rec_slot_shapes, profile_slots
 from profilers.findings import findings
+from profilers.op_timing import time_top_ops
 from profilers.records import FineProfile, ProfileRequest, ProfileResult
 from targets.protocol import Session, Target
 from targets.worker import build_session, environment, failure_of, resolve_device, write_result
+
+
+TOP_OPS_TIMED = 8  # the coarse profile's busiest ops, timed per call in situ
 
 
 def _fine(req: ProfileRequest, target: Target, kernels: dict, session: Session, device: torch.device,
@@ -30,9 +34,13 @@ def _fine(req: ProfileRequest, target: Target, kernels: dict, session: Session, 
     if target.name != "haste-rec":  # the only target whose slot shapes can be read from a session yet
         result.notes.append(f"fine profile skipped: slot shapes of target {target.name} are unknown")
         return None
-    return profile_slots(target, haste_rec_slot_shapes(session), device, haste_rec_slot_dtype(session), kernels,
-                         req.fine_repeats, ceilings=get_ceilings(device, quick=req.quick_ceilings),
-                         coarse=result.coarse, slot_phases=HASTE_REC_SLOT_PHASES, seed=req.seed)
+    ceilings = get_ceilings(device, quick=req.quick_ceilings)
+    fine = profile_slots(target, haste_rec_slot_shapes(session), device, haste_rec_slot_dtype(session), kernels,
+                         req.fine_repeats, ceilings=ceilings, coarse=result.coarse,
+                         slot_phases=HASTE_REC_SLOT_PHASES, seed=req.seed)
+    top = [op.name for op in result.coarse.top_ops[:TOP_OPS_TIMED]]
+    fine.op_timings = time_top_ops(session, device, req.profile_steps, top, ceilings)
+    return fine
 
 
 def execute(req: ProfileRequest) -> ProfileResult:

@@ -43,6 +43,16 @@ def render(result: ProfileResult, console: Console) -> None:
             slots.add_row(s.slot, shape, _ms(s.median_s), f"{s.achieved_flops_per_s / 1e12:.3f}",
                           f"{s.achieved_bytes_per_s / 1e9:.1f}", s.bound, f"{100 * s.roofline_fraction:.1f}%")
         console.print(slots)
+        if result.fine.op_timings:
+            ops_t = Table(title="top ops per call, in situ on the running config's shapes")
+            for col in ("op", "shapes", "ms / call", "calls / step", "TFLOP/s", "GB/s in", "of roof"):
+                ops_t.add_column(col, justify="left" if col in ("op", "shapes") else "right", overflow="fold")
+            for o in result.fine.op_timings:
+                flops = "-" if o.achieved_flops_per_s is None else f"{o.achieved_flops_per_s / 1e12:.3f}"
+                roof = "-" if o.roofline_fraction is None else f"{100 * o.roofline_fraction:.1f}%"
+                ops_t.add_row(o.name, " ".join("x".join(map(str, s)) for s in o.shapes if s), _ms(o.median_s),
+                              f"{o.calls_per_step:.0f}", flops, f"{o.achieved_bytes_per_s / 1e9:.1f}", roof)
+            console.print(ops_t)
     found = Table(title="findings, largest possible gain first")
     for col in ("category", "share", "headroom", "step gain", "evidence"):
         found.add_column(col, justify="right" if col in ("share", "headroom", "step gain") else "left",
