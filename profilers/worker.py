@@ -9,10 +9,8 @@ structured Failure, and a crash or hang is caught by ``profilers.client``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -23,7 +21,7 @@ from profilers.findings import findings
 from profilers.op_timing import time_top_ops
 from profilers.records import FineProfile, ProfileRequest, ProfileResult
 from targets.protocol import Session, Target
-from targets.worker import build_session, environment, failure_of, resolve_device, write_result
+from targets.worker import build_session, environment, failure_of, resolve_device, serve_request_file
 
 
 TOP_OPS_TIMED = 8  # the coarse profile's busiest ops, timed per call in situ
@@ -65,12 +63,7 @@ def execute(req: ProfileRequest) -> ProfileResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profilers.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--request", required=True, help="JSON file holding a ProfileRequest")
-    parser.add_argument("--result", required=True, help="where to write the ProfileResult JSON")
-    args = parser.parse_args(argv)
-    write_result(args.result, execute(ProfileRequest.model_validate_json(Path(args.request).read_text())))
-    return 0
+    return serve_request_file("python -m profilers.worker", ProfileRequest, execute, argv)
 
 
 if __name__ == "__main__":

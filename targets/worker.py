@@ -194,15 +194,19 @@ def execute(req: WorkerRequest) -> WorkerResult:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m targets.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--request", required=True, help="JSON file holding a WorkerRequest")
-    parser.add_argument("--result", required=True, help="where to write the WorkerResult JSON")
+def serve_request_file(prog: str, request_type: type, run: Callable[[Any], Any], argv: list[str] | None) -> int:
+    """The command line every file-based worker shares: read --request, run it, write --result."""
+    parser = argparse.ArgumentParser(prog=prog, description="runs one request in this process, writes its result")
+    parser.add_argument("--request", required=True, help=f"JSON file holding a {request_type.__name__}")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
     args = parser.parse_args(argv)
-    req = WorkerRequest.model_validate_json(Path(args.request).read_text())
-    write_result(args.result, execute(req))
+    write_result(args.result, run(request_type.model_validate_json(Path(args.request).read_text())))
     sys.stdout.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve_request_file("python -m targets.worker", WorkerRequest, execute, argv)
 
 
 if __name__ == "__main__":
