@@ -186,6 +186,7 @@ class Session(Protocol):
 
     phase_names: tuple[str, ...]
     timer: "PhaseTimer"
+    record_grad_norms: bool  # when True, step() records the gradient norms that grad_norms() returns
 
     def step(self) -> torch.Tensor:
         """Run one training step; return its loss as a detached 0-dim tensor (not synchronised)."""
@@ -194,7 +195,7 @@ class Session(Protocol):
         """Deterministic outputs on a fixed probe batch, without changing any state."""
 
     def grad_norms(self) -> dict[str, float]:
-        """Gradient norms of the last step, per parameter group."""
+        """Gradient norms of the last step, per parameter group (recorded while record_grad_norms is on)."""
 
     def param_digest(self) -> dict[str, Any]:
         """A digest of all trainable state: sha256 of the bytes plus per-group norms."""

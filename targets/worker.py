@@ -97,6 +97,7 @@ def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> Ben
 def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
     """Loss and grad norms per step, then probe outputs and a parameter digest, all at a fixed seed."""
     losses, norms = [], []
+    session.record_grad_norms = True
     for _ in range(req.steps):
         losses.append(float(session.step()))
         norms.append(session.grad_norms())

@@ -66,9 +66,8 @@ class HasteRecSession:
                                      sparse_on_device=config["embedding_placement"] == "device")
         self.rewire_gen = torch.Generator().manual_seed(seed + 101)
         self.steps_done = 0
-        self.track_grad_norms = False
+        self.record_grad_norms = False  # the worker's numerics mode turns this on (it costs a sync per step)
         self._grad_norms: dict[str, float] = {}
-        out = self.model.output
         self.valid = out.valid_mask.to(device)
         self.position = out.internal_position.to(device)
 
@@ -116,7 +115,7 @@ class HasteRecSession:
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):
-            if self.track_grad_norms:
+            if self.record_grad_norms:
                 self._grad_norms = self._measure_grad_norms()
             self.encoder_opt.step()
             self.output_opt.step()
@@ -142,7 +141,6 @@ class HasteRecSession:
                 "embeddings": math.sqrt(self.model.embeddings.grad_sq_norm())}
 
     def grad_norms(self) -> dict[str, float]:
-        self.track_grad_norms = True
         return dict(self._grad_norms)
 
     @torch.no_grad()
