@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-_SET_INTERPRET = "TRITON_INTERPRET" not in os.environ
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-INTERPRET = os.environ["TRITON_INTERPRET"] not in ("", "0")
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # no GPU: Triton's CPU interpreter (set before triton is imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 pytest.importorskip("triton")
 
@@ -17,10 +17,8 @@ from targets.haste_rec.tail_slots import (  # noqa: E402
     tail_backward_weight, tail_backward_weight_inputs, tail_forward, tail_forward_inputs)
 from targets.haste_rec.triton_tail import TRITON_TAIL_IMPLS  # noqa: E402
 
-# triton.jit picks interpreter vs compiler when a kernel is decorated (the import above), so the
-# variable can go again: other tests in this process (inductor on GPU) keep compiled Triton.
-if _SET_INTERPRET:
-    del os.environ["TRITON_INTERPRET"]
+# Without a GPU the variable stays set for the rest of the pytest process (triton reads it when a
+# kernel is decorated and again at launch); with a GPU the kernels are compiled and run there.
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 SHAPES = ({"B": 19, "Ht": 40, "K": 5, "G": 7, "F": 13, "bias": 1},
