@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.autograd import DeviceType
@@ -164,23 +164,24 @@ class _Window:
             totals[e.name] += e.time_range.elapsed_us()
         return totals
 
-    def host_wait_us(self, index: PhaseIndex) -> dict[str, float]:
-        """Host time blocked in CUDA synchronisations and copies, summed by the phase it falls in."""
+    @staticmethod
+    def _by_phase(index: PhaseIndex, events: Iterable[Any], amount: Callable[[Any], float]) -> dict[str, float]:
+        """amount(event) summed by the phase each event starts in (events outside phases dropped)."""
         totals: dict[str, float] = defaultdict(float)
-        for e in self.waits:
+        for e in events:
             phase = index.locate(e.time_range.start)
             if phase is not None:
-                totals[phase] += e.time_range.elapsed_us()
+                totals[phase] += amount(e)
         return totals
+
+    def host_wait_us(self, index: PhaseIndex) -> dict[str, float]:
+        """Host time blocked in CUDA synchronisations and copies, summed by the phase it falls in."""
+        return self._by_phase(index, self.waits, lambda e: e.time_range.elapsed_us())
 
     def device_us_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Device time of each launching op's kernels, summed by the phase its launch falls in."""
-        totals: dict[str, float] = defaultdict(float)
-        for e in self.launchers:
-            phase = index.locate(e.time_range.start)
-            if phase is not None:
-                totals[phase] += sum(k.duration for k in e.kernels if k.name not in self.annotations)
-        return totals
+        return self._by_phase(index, self.launchers,
+                              lambda e: sum(k.duration for k in e.kernels if k.name not in self.annotations))
 
     def device_us(self) -> float:
         """Device time of every kernel, copy and memset in the window (overlaps counted twice)."""

@@ -9,11 +9,11 @@ shares are fractions of the measured (profiled) step time.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from targets.worker_protocol import Environment, Failure, WorkerRequest
+from targets.worker_protocol import RunResult, WorkerRequest
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -189,17 +189,10 @@ class ProfileRequest(WorkerRequest):
     trace: str | None = Field(None, description="write the Chrome trace of the profiled steps here")
 
 
-class ProfileResult(BaseModel):
+class ProfileResult(RunResult):
     version: int = PROFILE_SCHEMA_VERSION
-    ok: bool
-    target: str
-    size: str
-    config: dict[str, Any] = Field(default_factory=dict, description="the full resolved config")
-    failure: Failure | None = None
-    environment: Environment | None = None
     coarse: CoarseProfile | None = None
     fine: FineProfile | None = None
     findings: list[Finding] = Field(default_factory=list, description="ranked, largest Amdahl gain first")
     counters: dict[str, float] = Field(default_factory=dict, description="the session's counters at the end")
     notes: list[str] = Field(default_factory=list, description="what was skipped and why")
-    wall_s: float = 0.0

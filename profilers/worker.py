@@ -21,7 +21,7 @@ from profilers.findings import findings
 from profilers.op_timing import time_top_ops
 from profilers.records import FineProfile, ProfileRequest, ProfileResult
 from targets.protocol import Session, Target
-from targets.worker import build_session, environment, failure_of, resolve_device, serve_request_file
+from targets.worker import build_session, environment, failure_of, open_device, serve_request_file
 
 
 TOP_OPS_TIMED = 8  # the coarse profile's busiest ops, timed per call in situ
@@ -46,9 +46,7 @@ def execute(req: ProfileRequest) -> ProfileResult:
     start = time.perf_counter()
     result = ProfileResult(ok=False, target=req.target, size=req.size)
     try:
-        if req.threads:
-            torch.set_num_threads(req.threads)
-        device = resolve_device(req.device)
+        device = open_device(req)
         result.environment = environment(device)
         target, result.config, kernels, session = build_session(req, device)
         result.coarse = profile_session(session, device, req.warmup, req.profile_steps, req.trace)

@@ -133,6 +133,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def open_device(req: WorkerRequest) -> torch.device:
+    """Apply the request's CPU thread count and resolve its device: the first thing every worker does."""
+    if req.threads:
+        torch.set_num_threads(req.threads)
+    return resolve_device(req.device)
+
+
 def build_session(req: WorkerRequest, device: torch.device) -> tuple[Target, dict[str, Any], dict, Session]:
     """(target, resolved config, loaded kernels, session) for a request; ConfigError on bad input.
 
@@ -177,9 +184,7 @@ def execute(req: WorkerRequest) -> WorkerResult:
     start = time.perf_counter()
     result = WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size)
     try:
-        if req.threads:
-            torch.set_num_threads(req.threads)
-        device = resolve_device(req.device)
+        device = open_device(req)
         result.environment = environment(device)
         _, result.config, _, session = build_session(req, device)
         if req.mode == "bench":

@@ -43,7 +43,8 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _exit_reason(code: int) -> str:
+def exit_reason(code: int) -> str:
+    """How a child process ended, in words ('was killed by SIGSEGV', 'exited with code 3')."""
     if code < 0:
         name = _signal_name(code)
         hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
@@ -74,7 +75,7 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
                 return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", "")
         stderr_tail = stderr_file.read_bytes()[-4000:].decode(errors="replace")
         if not result_file.exists():
-            return failed("crash", f"the {what} {_exit_reason(code)} without a result", stderr_tail)
+            return failed("crash", f"the {what} {exit_reason(code)} without a result", stderr_tail)
         try:
             return result_type.model_validate_json(result_file.read_text())
         except ValueError as exc:

@@ -69,16 +69,21 @@ class Environment(BaseModel):
     threads: int
 
 
-class WorkerResult(BaseModel):
-    version: int = WORKER_SCHEMA_VERSION
+class RunResult(BaseModel):
+    """What every worker's result says: which run, whether it worked, and where it ran."""
+
     ok: bool
-    mode: Mode
     target: str
     size: str
     config: dict[str, Any] = Field(default_factory=dict, description="the full resolved config")
     failure: Failure | None = None
+    environment: Environment | None = None
+    wall_s: float = 0.0
+
+
+class WorkerResult(RunResult):
+    version: int = WORKER_SCHEMA_VERSION
+    mode: Mode
     bench: BenchData | None = None
     numerics: NumericsData | None = None
     quality: QualityData | None = None
-    environment: Environment | None = None
-    wall_s: float = 0.0

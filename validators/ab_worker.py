@@ -30,7 +30,7 @@ from typing import IO, Any
 import torch
 
 from targets.protocol import ConfigError, Session
-from targets.worker import build_session as build_target_session, resolve_device, sync_device
+from targets.worker import build_session as build_target_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
 
 
@@ -45,9 +45,7 @@ def claim_stdout() -> IO[str]:
 
 def build_session(req: WorkerRequest) -> tuple[Session, torch.device, dict[str, Any]]:
     """The request's session, built as every worker builds it (``targets.worker.build_session``)."""
-    if req.threads:
-        torch.set_num_threads(req.threads)
-    device = resolve_device(req.device)
+    device = open_device(req)
     _, config, _, session = build_target_session(req, device)
     return session, device, config
 

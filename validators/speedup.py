@@ -58,7 +58,7 @@ from typing import Any, Iterator, Literal, Sequence, get_args
 import numpy as np
 from pydantic import BaseModel, Field
 
-from targets.worker_client import _signal_name, scrubbed_env
+from targets.worker_client import exit_reason, scrubbed_env
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 Verdict = Literal["faster", "slower", "no-difference", "failed"]
@@ -287,8 +287,8 @@ class _Worker:
             raise SideFailed(self.label, "timeout", f"no {what} before the time limit; the worker was killed") from None
         if line is None:
             code = self.proc.wait()
-            how = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with code {code}"
-            raise SideFailed(self.label, "crash", f"the worker {how} while we waited for {what}", self._stderr_tail())
+            raise SideFailed(self.label, "crash", f"the worker {exit_reason(code)} while we waited for {what}",
+                             self._stderr_tail())
         try:
             message = json.loads(line)
         except json.JSONDecodeError:
