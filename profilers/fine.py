@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from profilers.ceilings import dtype_name, get_ceilings, time_calls
+from profilers.stats import quantile
 from profilers.records import Ceilings, CoarseProfile, FineProfile, SlotTiming
 from targets.protocol import KernelSlot, Target
 
@@ -71,11 +72,6 @@ def _flush_buffer(device: torch.device) -> torch.Tensor | None:
     return torch.empty(max(FLUSH_BYTES_MIN, 4 * l2), dtype=torch.uint8, device=device)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def place_on_roofline(slot: str, implementation: str, shape: Mapping[str, int], dtype: torch.dtype,
                       times: list[float], flops: float, nbytes: float, ceilings: Ceilings,
                       phase: str | None = None) -> SlotTiming:
@@ -89,7 +85,7 @@ def place_on_roofline(slot: str, implementation: str, shape: Mapping[str, int], 
     fraction = achieved_flops / attainable if flops else achieved_bytes / bandwidth
     return SlotTiming(slot=slot, implementation=implementation, phase=phase, shape=dict(shape),
                       dtype=dtype_name(dtype), repeats=len(times), median_s=median,
-                      p10_s=_quantile(times, 0.1), p90_s=_quantile(times, 0.9), flops=flops, bytes=nbytes,
+                      p10_s=quantile(times, 0.1), p90_s=quantile(times, 0.9), flops=flops, bytes=nbytes,
                       achieved_flops_per_s=achieved_flops, achieved_bytes_per_s=achieved_bytes,
                       intensity=intensity, attainable_flops_per_s=attainable, roofline_fraction=fraction,
                       bound="memory" if intensity * bandwidth < peak else "compute")

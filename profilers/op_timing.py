@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from profilers.records import Ceilings, OpTiming
+from profilers.stats import quantile
 from targets.protocol import Session
 
 ELEMENT_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
@@ -86,8 +87,8 @@ def time_top_ops(session: Session, device: torch.device, steps: int, names: Sequ
         else:
             fraction = bytes_rate / ceilings.copy_bytes_per_s
         timings.append(OpTiming(name=name, shapes=shapes, dtypes=dtypes, calls_per_step=len(times) / steps,
-                                median_s=median, p10_s=times[int(0.1 * (len(times) - 1))],
-                                p90_s=times[int(0.9 * (len(times) - 1))], flops=flops, input_bytes=nbytes,
+                                median_s=median, p10_s=quantile(times, 0.1),
+                                p90_s=quantile(times, 0.9), flops=flops, input_bytes=nbytes,
                                 achieved_flops_per_s=flops_rate, achieved_bytes_per_s=bytes_rate,
                                 roofline_fraction=fraction))
     return timings

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from profilers.stats import quantile
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
 
@@ -19,14 +20,9 @@ def bench(target: str, size: str, overrides: dict[str, Any], device: str, steps:
     return run_worker(req, timeout_s=timeout_s)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def step_summary(step_s: list[float]) -> dict[str, float]:
-    return {"median_ms": 1e3 * statistics.median(step_s), "p10_ms": 1e3 * _quantile(step_s, 0.1),
-            "p90_ms": 1e3 * _quantile(step_s, 0.9), "mean_ms": 1e3 * statistics.fmean(step_s)}
+    return {"median_ms": 1e3 * statistics.median(step_s), "p10_ms": 1e3 * quantile(step_s, 0.1),
+            "p90_ms": 1e3 * quantile(step_s, 0.9), "mean_ms": 1e3 * statistics.fmean(step_s)}
 
 
 def render(result: WorkerResult, console: Console) -> None:
