@@ -188,6 +188,67 @@ def profile(
         render(result, console)
 
 
+@app.command()
+def optimize(
+    target: str = TARGET_OPT, size: str = SIZE_OPT, config: Optional[str] = CONFIG_OPT,
+    set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
+    tier: str = typer.Option("offline", help="offline (rule catalog, no LLM, $0), normal or ultra"),
+    tiers: Optional[str] = typer.Option(None, "--tiers", help="a TOML file of tiers and prices merged over "
+                                                               "the packaged ones"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="an OpenAI-compatible endpoint (vLLM, "
+                                                                    "Ollama, Azure); default: OpenAI with "
+                                                                    "OPENAI_API_KEY"),
+    model: Optional[str] = typer.Option(None, "--model", help="the LLM model (default: the tier's)"),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", min=0.0, help="LLM $ cap (default: the "
+                                                                                   "tier's)"),
+    max_iters: Optional[int] = typer.Option(None, "--max-iters", min=1, help="candidates to evaluate at most "
+                                                                             "(default: the tier's)"),
+    max_minutes: float = typer.Option(30.0, "--max-minutes", min=0.1, help="wall-time cap, resumes included"),
+    out: str = typer.Option("runs", "--out", help="directory that holds run directories"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="continue this run id (or run directory) from "
+                                                                "its last checkpoint"),
+    allow_model_changes: bool = typer.Option(False, "--allow-model-changes", help="also try knobs that change "
+                                                                                  "the model, judged by quality"),
+    threads: Optional[int] = THREADS_OPT,
+    blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
+    block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
+                                                                                 "sized from the step time)"),
+    as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
+) -> None:
+    """Find a faster configuration of a target, prove it computes the same, and report what it cost.
+
+    Example: sg-opt optimize --target haste-rec --size small --tier offline --max-minutes 5
+    """
+    from sg_opt import optimize as agent
+    from sg_opt.run_store import RunRequest, new_run_id
+
+    quiet = as_json
+    try:
+        if resume is not None:
+            final, summary = agent.resume(resume, out, console, quiet)
+        else:
+            if blocks % 2:
+                raise ConfigError("--blocks must be even, so that each side runs first equally often")
+            overrides = _inputs(target, size, config, set_, data)
+            plan = {"blocks": blocks, **({"block_steps": block_steps} if block_steps else {})}
+            request = RunRequest(run_id=new_run_id(target, size, tier), target=target, size=size,
+                                 config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
+                                 threads=threads, tier=tier, tiers_file=tiers, base_url=base_url, model=model,
+                                 budget_usd=budget_usd, max_iters=max_iters, max_minutes=max_minutes,
+                                 allow_model_changes=allow_model_changes, plan=plan)
+            final, summary = agent.start(request, out, console, quiet)
+    except ConfigError as exc:
+        fail(str(exc))
+    if as_json:
+        print(summary.model_dump_json(indent=1))
+    else:
+        console.print(agent.final_table(summary))
+        console.print(agent.result_sentence(summary))
+        console.print(f"results: {final.run_dir}/ (report.md, summary.json, best_config.toml)")
+    if (final.stop_reason or "").startswith("error:"):
+        fail(final.stop_reason.removeprefix("error: "), code=1)
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,151 @@
+"""`sg-opt optimize`: builds the agent for one run (target, tier, LLM client, ledger) and drives it.
+
+The graph lives in ``state_machine``; this module hands it the openai-backed client and the
+file-backed ledger, a report writer, and a live view, and starts or resumes the run. All user
+input is checked here before the first worker starts, so a mistake costs a second, not a baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from sg_opt.ledger import TokenLedger
+from sg_opt.llm_client import make_client
+from sg_opt.report import write_report
+from sg_opt.run_store import RunRequest, create_run, find_run
+from sg_opt.summary import Summary, build_summary, describe_change
+from sg_opt.tiers import load_tiers
+from state_machine import graph
+from state_machine.context import ProposerPolicy, RunContext
+from state_machine.state import EvalPlan, Limits, RunState
+from targets.protocol import ConfigError
+from targets.registry import resolve_target
+
+
+def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunState]:
+    """The context and initial state of a run; raises ConfigError for anything the user must fix."""
+    target = resolve_target(request.target)
+    target.check_size(request.size)
+    target.knob_space.resolve(request.config)
+    tiers = load_tiers(request.tiers_file)
+    tier = tiers.tier(request.tier)
+    budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
+    llm = make_client(tier, request.base_url, request.model)
+    ledger = TokenLedger(run_dir, tiers.prices, budget, models=[llm.model] if llm else [])
+    policy = ProposerPolicy(tier=tier.name, candidates_per_iteration=tier.candidates_per_iteration,
+                            kinds=tuple(tier.kinds), reasoning_effort=tier.reasoning_effort,
+                            max_output_tokens=tier.max_output_tokens)
+    ctx = RunContext(target=target, policy=policy, llm=llm, ledger=ledger,
+                     write_report=lambda state: write_report(state, target))
+    try:
+        plan = EvalPlan(**request.plan)
+    except ValueError as exc:
+        raise ConfigError(f"bad evaluation plan: {exc}") from None
+    state = RunState(run_id=request.run_id, run_dir=str(run_dir), target=request.target, size=request.size,
+                     device=request.device, data=request.data, threads=request.threads, seed=request.seed,
+                     tier=tier.name, allow_model_changes=request.allow_model_changes,
+                     limits=Limits(max_iters=request.max_iters or tier.max_iterations,
+                                   max_minutes=request.max_minutes, budget_usd=budget),
+                     plan=plan, baseline_config=dict(request.config))
+    return ctx, state
+
+
+class LiveView:
+    """The run as it happens: the node running, the incumbent's speedup, the spend, the last verdicts."""
+
+    def __init__(self, console: Console, request: RunRequest):
+        self.console, self.request = console, request
+        self.node, self.state, self.last = "setup", None, []
+        self.start = time.monotonic()
+        self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
+
+    def on_event(self, record: dict[str, Any]) -> None:
+        kind = record["event"]
+        if kind == "decide":
+            verdict = "accepted" if record["accepted"] else f"rejected at {record['stage']}"
+            self.last = (self.last + [f"#{record['id']} {verdict}: {record['reason']}"])[-4:]
+        elif kind == "propose":
+            self.node = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
+        elif kind in ("baseline", "diagnose", "setup", "report"):
+            self.node = {"setup": "baseline: numerics, A/A noise floor", "baseline": "diagnose: profiling",
+                         "diagnose": "proposing", "report": "report"}[kind]
+        self.live.update(self._render())
+
+    def on_update(self, node: str, state: RunState) -> None:
+        self.state = state
+        self.live.update(self._render())
+
+    def _render(self) -> Group:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        s = self.state
+        table.add_row("run", f"{self.request.run_id} ({self.request.target} @ {self.request.size}, "
+                             f"{self.request.device}, tier {self.request.tier})")
+        table.add_row("now", self.node)
+        if s is not None and s.baseline is not None:
+            table.add_row("baseline", f"{s.baseline.step_ms:.2f} ms/step, noise floor {100 * s.baseline.noise_floor:.1f}%")
+            table.add_row("incumbent", f"x{s.incumbent.est_speedup:.2f} (product of accepted side-by-side speedups)")
+        if s is not None:
+            table.add_row("candidates", f"{s.evaluated} evaluated of at most {s.limits.max_iters}, "
+                                        f"{len(s.accepted)} accepted")
+            table.add_row("spend", f"${s.spent_usd:.4f} of ${s.limits.budget_usd:g}")
+        table.add_row("elapsed", f"{time.monotonic() - self.start:.0f} s")
+        return Group(table, *[Text(line, overflow="ellipsis", no_wrap=True) for line in self.last])
+
+
+def final_table(summary: Summary) -> Table:
+    table = Table(title=f"{summary.target} @ {summary.size}: {summary.evaluated} candidates, "
+                        f"{summary.accepted} accepted, ${summary.spend.cost_usd:.4f}")
+    for col in ("#", "change", "verdict", "ratio", "why"):
+        table.add_column(col, overflow="fold")
+    for c in summary.candidates:
+        table.add_row(str(c.id), c.change, "[green]accepted[/]" if c.accepted else f"rejected ({c.stage})",
+                      f"{c.ratio:.3f}" if c.ratio is not None else "-", c.reason)
+    return table
+
+
+def result_sentence(summary: Summary) -> str:
+    f = summary.final
+    if f is not None and f.speedup is not None:
+        return (f"best: x{f.speedup:.2f} faster than the baseline (step ratio {f.ratio:.3f}, 95% interval "
+                f"{f.ci_low:.3f}-{f.ci_high:.3f}), {summary.accepted} change(s) kept, ${summary.spend.cost_usd:.4f} "
+                f"spent, stopped by {summary.stop_reason}")
+    return f"no faster configuration was proven; stopped by {summary.stop_reason}"
+
+
+def start(request: RunRequest, out: str, console: Console, quiet: bool = False) -> tuple[RunState, Summary]:
+    run_dir = create_run(out, request)
+    try:
+        ctx, state = build_context(request, run_dir)
+    except ConfigError:
+        import shutil
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: leave no empty run behind
+        raise
+    return _drive(ctx, state, request, run_dir, console, quiet)
+
+
+def resume(run_id: str, out: str, console: Console, quiet: bool = False) -> tuple[RunState, Summary]:
+    run_dir, request = find_run(out, run_id)
+    ctx, initial = build_context(request, run_dir)
+    started = graph.has_checkpoint(ctx, run_dir, request.run_id)
+    return _drive(ctx, None if started else initial, request, run_dir, console, quiet)
+
+
+def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,
+           quiet: bool) -> tuple[RunState, Summary]:
+    if quiet:
+        final = graph.run(ctx, state, run_dir, request.run_id)
+    else:
+        view = LiveView(console, request)
+        ctx.on_event = view.on_event
+        with view.live:
+            final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
+    return final, build_summary(final)

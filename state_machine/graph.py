@@ -1,0 +1,127 @@
+"""The agent's graph: nodes and edges in one place, checkpointed to SQLite in the run directory.
+
+    setup -> baseline -> diagnose -> propose -> check -> validate -> measure -> decide
+                            ^           ^                                       |
+                            |           +------------- rejected ----------------+
+                            +------------------------- accepted ----------------+
+                                                           stop (budget, converged) -> report
+
+Any node can stop the run by setting ``stop_reason``; the edges then lead to ``report``. Every
+node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes), and the
+ledger's spend is copied into the state after each node.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+
+from state_machine import nodes
+from state_machine.context import RunContext
+from state_machine.state import RunState
+
+CHECKPOINT_FILE = "checkpoints.sqlite"
+# The state's own record types, which the checkpoint serializer may rebuild on resume.
+STATE_TYPES = [("state_machine.state", name) for name in (
+    "RunState", "Limits", "EvalPlan", "Candidate", "Verdict", "Evaluated", "Incumbent", "Baseline",
+    "FinalMeasurement")] + [("profilers.records", "Finding")]
+
+
+def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunContext) -> Callable:
+    def run(state: RunState) -> dict[str, Any]:
+        start = time.monotonic()
+        updates = node(state, ctx)
+        updates["elapsed_s"] = state.elapsed_s + time.monotonic() - start
+        if ctx.ledger is not None:
+            updates["spent_usd"] = ctx.ledger.spent_usd()
+        return updates
+    run.__name__ = node.__name__
+    return run
+
+
+def _stopped_or(next_node: str) -> Callable[[RunState], str]:
+    def route(state: RunState) -> str:
+        return "report" if state.stop_reason else next_node
+    return route
+
+
+def _after_propose(state: RunState) -> str:
+    if state.stop_reason:
+        return "report"
+    return "check" if state.current is not None else "propose"
+
+
+def _rejected_or(next_node: str) -> Callable[[RunState], str]:
+    def route(state: RunState) -> str:
+        return "decide" if state.current_verdict is not None else next_node
+    return route
+
+
+def _after_decide(state: RunState) -> str:
+    if nodes.limit_reason(state) is not None:
+        return "propose"  # propose records the stop reason, then the run reports
+    return "diagnose" if state.history[-1].verdict.accepted else "propose"
+
+
+def build(ctx: RunContext) -> StateGraph:
+    graph = StateGraph(RunState)
+    for node in (nodes.setup, nodes.baseline, nodes.diagnose, nodes.propose, nodes.check, nodes.validate,
+                 nodes.measure, nodes.decide, nodes.report):
+        graph.add_node(node.__name__, _timed(node, ctx))
+    graph.add_edge(START, "setup")
+    graph.add_conditional_edges("setup", _stopped_or("baseline"), ["baseline", "report"])
+    graph.add_conditional_edges("baseline", _stopped_or("diagnose"), ["diagnose", "report"])
+    graph.add_edge("diagnose", "propose")
+    graph.add_conditional_edges("propose", _after_propose, ["check", "propose", "report"])
+    graph.add_conditional_edges("check", _rejected_or("validate"), ["validate", "decide"])
+    graph.add_conditional_edges("validate", _rejected_or("measure"), ["measure", "decide"])
+    graph.add_edge("measure", "decide")
+    graph.add_conditional_edges("decide", _after_decide, ["diagnose", "propose"])
+    graph.add_edge("report", END)
+    return graph
+
+
+def open_checkpointer(run_dir: str | Path) -> SqliteSaver:
+    conn = sqlite3.connect(str(Path(run_dir) / CHECKPOINT_FILE), check_same_thread=False)
+    return SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=STATE_TYPES))
+
+
+def compile_graph(ctx: RunContext, run_dir: str | Path):
+    return build(ctx).compile(checkpointer=open_checkpointer(run_dir))
+
+
+def thread(run_id: str) -> dict[str, Any]:
+    # Each candidate takes 5 nodes; the default limit of 25 super-steps would stop a run after 4.
+    return {"configurable": {"thread_id": run_id}, "recursion_limit": 100_000}
+
+
+def run(ctx: RunContext, state: RunState | None, run_dir: str | Path, run_id: str,
+        on_update: Callable[[str, RunState], None] | None = None) -> RunState:
+    """Start a run from ``state``, or resume ``run_id`` from its last checkpoint when ``state`` is None.
+
+    Each node's checkpoint is written before the next node starts (durability "sync"), so a run
+    killed at any point loses at most the node in flight.
+    """
+    app = compile_graph(ctx, run_dir)
+    config = thread(run_id)
+    for update in app.stream(state, config, stream_mode="updates", durability="sync"):
+        if on_update is not None:
+            for node_name in update:
+                on_update(node_name, current_state(app, config))
+    return current_state(app, config)
+
+
+def current_state(app, config: dict[str, Any]) -> RunState:
+    values = app.get_state(config).values
+    return values if isinstance(values, RunState) else RunState.model_validate(values)
+
+
+def has_checkpoint(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
+    """Whether the run got as far as its first checkpoint (a run killed before that starts afresh)."""
+    return bool(compile_graph(ctx, run_dir).get_state(thread(run_id)).values)

@@ -1,0 +1,332 @@
+"""One plain function per node of the agent's graph: ``node(state, ctx) -> dict of state updates``.
+
+Each node reads the typed state, does its one job through sg-opt's own workers and validators
+(never through anything a candidate can change), writes its bulky records under the run directory
+and returns the fields it changed. None of them knows about LangGraph, so each is unit-tested by
+calling it with a state and a context. ``graph.py`` wires them together.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from profilers.client import run_profile
+from profilers.records import ProfileRequest
+from state_machine.context import RunContext
+from state_machine.llm_interfaces import BudgetExceeded, LLMError
+from state_machine.proposers import Proposal
+from state_machine.proposers.llm import propose_llm
+from state_machine.proposers.offline import propose_offline
+from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
+                                 config_digest, incumbent_request, write_json)
+from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, RunState, Verdict,
+                                 loosest)
+from targets.protocol import ConfigError
+from targets.worker_client import run_worker
+from targets.worker_protocol import NumericsData, WorkerResult
+from validators.kernel import validate_kernel_file
+from validators.numerics import compare
+from validators.source import check_source
+from validators.speedup import CalibrationFailed, calibrate_noise_floor, confirm_win, measure_ab
+
+PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
+MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
+TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
+MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
+
+
+def _dir(state: RunState, *parts: str) -> Path:
+    return Path(state.run_dir).joinpath(*parts)
+
+
+def _failure_text(result: WorkerResult) -> str:
+    return f"{result.failure.kind}: {result.failure.message}" if result.failure else "unknown failure"
+
+
+# ----------------------------------------------------------------------------- setup and baseline
+
+def setup(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Check the request against the target before any worker starts; a bad one stops the run."""
+    _dir(state, "candidates").mkdir(parents=True, exist_ok=True)
+    try:
+        ctx.target.check_size(state.size)
+        ctx.target.knob_space.resolve(state.baseline_config)
+    except ConfigError as exc:
+        return {"stop_reason": f"error: {exc}"}
+    ctx.event(state.run_dir, "setup", target=state.target, size=state.size, tier=state.tier, device=state.device)
+    return {}
+
+
+def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Numerics fingerprint (and quality when model changes are allowed) of the baseline, then A/A."""
+    start, plan = time.monotonic(), state.plan
+    numerics = run_worker(baseline_request(state, "numerics"), timeout_s=plan.timeout_s)
+    if not numerics.ok:
+        return {"stop_reason": f"error: the baseline failed its numerics run ({_failure_text(numerics)})"}
+    numerics_file = write_json(_dir(state, "baseline", "numerics.json"), numerics)
+    quality = None
+    if state.allow_model_changes:
+        result = run_worker(baseline_request(state, "quality", plan.quality_steps or 0), timeout_s=plan.timeout_s)
+        if not result.ok:
+            return {"stop_reason": f"error: the baseline failed its quality run ({_failure_text(result)})"}
+        quality = result.quality.metrics
+    if plan.block_steps is None:
+        probe = run_worker(baseline_request(state, "bench", steps=PROBE_STEPS), timeout_s=plan.timeout_s)
+        if not probe.ok:
+            return {"stop_reason": f"error: the baseline failed to run ({_failure_text(probe)})"}
+        step_s = statistics.median(probe.bench.step_s)
+        plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
+            plan.block_seconds / max(step_s, 1e-6))))})
+    try:
+        noise = calibrate_noise_floor(baseline_request(state, "bench"), plan.blocks, plan.block_steps,
+                                      plan.timeout_s, repeats=plan.aa_repeats, seed=state.seed)
+    except CalibrationFailed as exc:
+        return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
+    calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
+    medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
+    longest = max([numerics.wall_s] + [run.wall_s for run in noise.runs])
+    plan = plan.model_copy(update={"timeout_s": min(plan.timeout_s, max(plan.min_timeout_s,
+                                                                          TIMEOUT_FACTOR * longest))})
+    record = Baseline(numerics_file=numerics_file, quality=quality, step_ms=1e3 * statistics.median(medians),
+                      noise_floor=noise.floor, calibration_file=calibration, resolved_config=numerics.config,
+                      environment=numerics.environment.model_dump() if numerics.environment else {},
+                      wall_s=time.monotonic() - start)
+    ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s)
+    return {"baseline": record, "plan": plan, "incumbent": Incumbent(config=dict(state.baseline_config))}
+
+
+# ----------------------------------------------------------------------------- diagnose and propose
+
+def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Profile the incumbent; its ranked findings are what the proposers attack next."""
+    spec = incumbent_request(state, "bench")
+    req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
+                         fine=state.plan.fine_profile)
+    result = run_profile(req, timeout_s=state.plan.timeout_s)
+    path = write_json(_dir(state, "profiles", f"{len(state.profiles):02d}.json"), result)
+    if not result.ok:
+        ctx.event(state.run_dir, "diagnose-failed", reason=_failure_text(result))
+        return {"findings": [], "profiles": state.profiles + [path]}
+    ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]])
+    return {"findings": result.findings, "profiles": state.profiles + [path]}
+
+
+def limit_reason(state: RunState) -> str | None:
+    """Why the run must stop now, or None."""
+    if state.stop_reason:
+        return state.stop_reason
+    limits = state.limits
+    if state.evaluated >= limits.max_iters:
+        return f"max-iters: {state.evaluated} candidates evaluated"
+    if state.elapsed_s >= 60.0 * limits.max_minutes:
+        return f"max-minutes: {state.elapsed_s / 60:.1f} minutes used of {limits.max_minutes:g}"
+    return None
+
+
+def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
+    files = {}
+    for slot, source in proposal.kernel_sources.items():
+        path = _dir(state, "candidates", f"{cid:03d}", "kernels", f"{slot}.py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+        files[slot] = str(path)
+    return Candidate(id=cid, kind=proposal.kind, patch=proposal.patch, kernels=files, rationale=proposal.rationale,
+                     proposer=proposal.proposer, expected_gain=proposal.expected_gain)
+
+
+def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, Any]]:
+    """Proposals from the tier's proposer, or the updates that stop the run when none can come."""
+    if ctx.policy.tier == "offline":
+        return propose_offline(state, ctx), {}
+    try:
+        return propose_llm(state, ctx), {"proposer_failures": []}
+    except BudgetExceeded as exc:
+        return [], {"stop_reason": f"budget: {exc}"}
+    except LLMError as exc:
+        if getattr(exc, "fatal", False):
+            return [], {"stop_reason": f"error: {exc}"}
+        failures = state.proposer_failures + [str(exc)]
+        ctx.event(state.run_dir, "proposal-failed", reason=str(exc))
+        if len(failures) >= MAX_LLM_FAILURES:
+            return [], {"stop_reason": f"error: {len(failures)} proposals in a row failed; last: {exc}",
+                        "proposer_failures": failures}
+        return [], {"proposer_failures": failures}
+
+
+def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Take the next queued candidate, asking the proposer for more when the queue is empty."""
+    if (reason := limit_reason(state)) is not None:
+        return {"stop_reason": reason, "current": None}
+    queue, updates = list(state.queue), {"proposal_rounds": state.proposal_rounds}
+    if not queue:
+        proposals, updates = _ask(state, ctx)
+        updates["proposal_rounds"] = state.proposal_rounds + 1
+        queue = [_to_candidate(state, p, state.next_id + i) for i, p in enumerate(proposals)]
+        updates["next_id"] = state.next_id + len(queue)
+        if not queue and "stop_reason" not in updates and ctx.policy.tier == "offline":
+            updates["stop_reason"] = "converged: no promising candidate is left to try"
+        if "stop_reason" in updates:
+            return {**updates, "queue": [], "current": None}
+        if not queue:  # a failed LLM proposal: try again on the next round
+            return {**updates, "queue": [], "current": None}
+    current, rest = queue[0], queue[1:]
+    ctx.event(state.run_dir, "propose", id=current.id, kind=current.kind, patch=current.patch,
+              kernels=list(current.kernels), rationale=current.rationale, proposer=current.proposer)
+    return {**updates, "queue": rest, "current": current, "current_verdict": None, "current_numerics_class": None}
+
+
+# ----------------------------------------------------------------------------- check, validate, measure
+
+def _reject(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
+    return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
+
+
+def _numerics_class(state: RunState, ctx: RunContext, resolved: dict[str, Any], kernels: dict[str, str]) -> str:
+    """The loosest promise among every change from the baseline (kernel replacements reorder math)."""
+    space = ctx.target.knob_space
+    base = space.resolve(state.baseline_config)
+    classes = [space[name].numerics for name, value in resolved.items() if base[name] != value]
+    return loosest(classes + (["reorder"] if kernels else []))
+
+
+def _coerce_patch(ctx: RunContext, patch: dict[str, Any]) -> dict[str, Any]:
+    space = ctx.target.knob_space
+    return {name: space[name].parse(value) if isinstance(value, str) else space[name].validate(value)
+            for name, value in patch.items()}
+
+
+def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Static checks: allowed kind, knob names, values and constraints, kernel source safety, duplicates."""
+    cand, space = state.current, ctx.target.knob_space
+    if cand.kind not in ctx.policy.kinds:
+        return _reject("check", f"tier {ctx.policy.tier} does not allow {cand.kind} candidates")
+    if not cand.patch and not cand.kernels:
+        return _reject("check", "the candidate changes nothing")
+    try:
+        patch = _coerce_patch(ctx, cand.patch)
+        resolved = space.resolve({**state.incumbent.config, **patch})
+    except ConfigError as exc:
+        return _reject("check", str(exc))
+    cand = cand.model_copy(update={"patch": patch})
+    model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != space.resolve(
+        state.incumbent.config)[n]]
+    if model_knobs and not state.allow_model_changes:
+        return _reject("check", f"{', '.join(model_knobs)} change the model (numerics class model); "
+                                "pass --allow-model-changes to allow that")
+    for slot_name, path in cand.kernels.items():
+        try:
+            ctx.target.slot(slot_name)
+        except ConfigError as exc:
+            return _reject("check", str(exc))
+        verdict = check_source(Path(path).read_text(encoding="utf-8"), slot_name)
+        if not verdict.ok:
+            return _reject("check", verdict.message)
+    kernels = candidate_kernels(state, cand)
+    digest = config_digest(resolved, kernels)
+    seen = {e.digest: f"candidate #{e.candidate.id}" for e in state.history if e.digest}
+    seen[config_digest(space.resolve(state.incumbent.config), state.incumbent.kernels)] = "the incumbent"
+    if digest in seen:
+        return _reject("check", f"a duplicate of {seen[digest]}")
+    return {"current": cand, "current_digest": digest,
+            "current_numerics_class": _numerics_class(state, ctx, resolved, kernels)}
+
+
+def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[str, Any] | None:
+    """Each replaced slot against its torch reference, in a subprocess, on inputs drawn fresh now."""
+    for slot_name, path in cand.kernels.items():
+        for dtype in state.plan.kernel_dtypes:
+            verdict = validate_kernel_file(state.target, slot_name, path, state.device, dtype, state.plan.timeout_s)
+            write_json(_dir(state, "candidates", f"{cand.id:03d}", f"kernel-{slot_name}-{dtype}.json"), verdict)
+            if not verdict.ok:
+                return _reject("validate", f"kernel {slot_name} ({dtype}) failed its {verdict.check} check: "
+                                           f"{verdict.reason}")
+    return None
+
+
+def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Kernels against their references, then the training trajectory against the baseline's."""
+    cand, cls = state.current, state.current_numerics_class
+    if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
+        return rejected
+    folder = _dir(state, "candidates", f"{cand.id:03d}")
+    base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
+    if cls == "model":
+        result = run_worker(candidate_request(state, cand, "quality", state.plan.quality_steps or 0),
+                            timeout_s=state.plan.timeout_s)
+        if not result.ok:
+            return _reject("validate", f"the candidate's quality run failed ({_failure_text(result)})",
+                           numerics_class=cls)
+        # Under class model only the quality metrics are compared (the trajectories may differ by design).
+        verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
+                          quality_candidate=result.quality.metrics)
+    else:
+        result = run_worker(candidate_request(state, cand, "numerics"), timeout_s=state.plan.timeout_s)
+        if not result.ok:
+            return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
+                           numerics_class=cls)
+        verdict = compare(base.numerics, result.numerics, cls)
+    path = write_json(folder / "numerics.json", {"verdict": verdict.model_dump(), "result": result.model_dump()})
+    if not verdict.ok:
+        return _reject("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,
+                       numerics_detail=verdict.detail, artifacts={"numerics": path})
+    ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail)
+    return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
+
+
+def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Side by side against the incumbent; a win must clear the noise floor twice, in fresh processes."""
+    cand, plan = state.current, state.plan
+    incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
+    confirmation = confirm_win(incumbent, candidate, state.baseline.noise_floor, plan.blocks, plan.block_steps,
+                               plan.timeout_s, seed=state.seed + 100 * cand.id)
+    path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
+    last = confirmation.runs[-1]
+    fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
+                  ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high,
+                  artifacts={**state.current_artifacts, "ab": path})
+    if last.failure is not None:
+        return _reject("measure", f"the candidate failed while timed ({last.failure.kind}: {last.failure.message})",
+                       **fields)
+    return {"current_verdict": Verdict(accepted=confirmation.accepted, stage="measure",
+                                       reason=confirmation.reason, **fields)}
+
+
+# ----------------------------------------------------------------------------- decide and report
+
+def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Record the verdict; an accepted candidate becomes the incumbent."""
+    cand, verdict = state.current, state.current_verdict
+    record = Evaluated(candidate=cand, verdict=verdict, incumbent_id=state.incumbent.from_candidate,
+                       config=candidate_config(state, cand), digest=state.current_digest if verdict.stage != "check"
+                       else None)
+    ctx.event(state.run_dir, "decide", id=cand.id, accepted=verdict.accepted, stage=verdict.stage,
+              reason=verdict.reason, ratio=verdict.ratio)
+    updates: dict[str, Any] = {"history": state.history + [record], "current": None, "current_verdict": None,
+                               "current_digest": None, "current_artifacts": {}, "current_numerics_detail": None}
+    if verdict.accepted:
+        updates["incumbent"] = Incumbent(config=candidate_config(state, cand), kernels=candidate_kernels(state, cand),
+                                         from_candidate=cand.id,
+                                         est_speedup=state.incumbent.est_speedup / (verdict.ratio or 1.0))
+    return updates
+
+
+def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Baseline against the best, side by side, once more; then the report files."""
+    updates: dict[str, Any] = {}
+    if state.accepted and state.baseline is not None and state.final is None:
+        plan = state.plan
+        result = measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"), plan.blocks,
+                            plan.block_steps, plan.timeout_s, "baseline", "best", floor=state.baseline.noise_floor,
+                            seed=state.seed + 7)
+        path = write_json(_dir(state, "final_ab.json"), result)
+        updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
+                                            ci_high=result.ci_high, verdict=result.verdict, file=path)
+    finished = state.model_copy(update=updates)
+    if ctx.write_report is not None:
+        updates["report_files"] = ctx.write_report(finished)
+    ctx.event(state.run_dir, "report", stop_reason=state.stop_reason, files=updates.get("report_files", []))
+    return updates

@@ -1,0 +1,21 @@
+"""Proposers turn findings, the knob space and the history into candidate changes.
+
+``offline`` is a rule catalog (no LLM, $0); ``llm`` asks a model for a JSON-schema reply. Both
+return ``Proposal`` records; the propose node numbers them, writes kernel sources into the run
+directory and queues them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Proposal:
+    kind: str  # "knob" or "kernel"
+    patch: dict[str, Any]
+    rationale: str
+    proposer: str
+    kernel_sources: dict[str, str] = field(default_factory=dict)  # slot -> source text
+    expected_gain: float | None = None

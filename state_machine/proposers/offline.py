@@ -1,0 +1,170 @@
+"""The offline proposer: a catalog of rules, no LLM, $0.
+
+Each rule is triggered by a finding category and proposes a knob patch that is known to attack
+that kind of bottleneck (fused row-wise embedding updates for a dense-gradient optimizer phase,
+worker processes for data waits, Triton tail kernels for a gather-bound tail, ...). A rule's
+*plausibility* is the share of the finding's Amdahl gain it can be expected to realise, so its
+expected gain is ``1 + (finding.amdahl_gain - 1) * plausibility``; candidates are tried in that order.
+
+Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is skipped. For any
+target, a generic fallback then sweeps the other values of the knobs whose category matches a
+finding (``CATEGORY_KNOBS``), at a low plausibility, so a user's own target is searched too.
+
+Learning within the run: a (knob, value) pair that was part of a rejected candidate is not
+proposed again, and no configuration is proposed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from profilers.records import Finding
+from state_machine.context import RunContext
+from state_machine.proposers import Proposal
+from state_machine.state import RunState
+from targets.protocol import ConfigError, Knob, KnobSpace
+
+GENERIC_PLAUSIBILITY = 0.15
+NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    triggers: tuple[str, ...]
+    patch: Mapping[str, Any]
+    plausibility: float
+    why: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    requires: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # incumbent knob -> allowed values
+
+
+CATALOG: tuple[Rule, ...] = (
+    Rule("fused-embedding-update", ("optimizer", "embedding-bound"), {"embedding_grad_mode": "fused"}, 0.9,
+         "row-wise Adagrad applied inside backward to the touched rows only: no table-sized gradient"),
+    Rule("sparse-embedding-grad", ("optimizer",), {"embedding_grad_mode": "sparse"}, 0.6,
+         "sparse table gradients touch only the looked-up rows"),
+    Rule("fused-optimizer", ("optimizer",), {"optimizer_impl": "fused"}, 0.3,
+         "one kernel per parameter group for Adam/SGD", devices=("cuda",)),
+    Rule("foreach-optimizer", ("optimizer",), {"optimizer_impl": "foreach"}, 0.25,
+         "batched parameter updates"),
+    Rule("loader-workers", ("data-wait",), {"data_workers": 2}, 0.6,
+         "build batches in worker processes, overlapping the step"),
+    Rule("pinned-prefetch", ("data-wait",), {"pin_memory": True, "prefetch_to_device": True}, 0.7,
+         "page-locked batches copied on a side stream while the step runs", devices=("cuda",),
+         requires={"data_workers": (1, 2, 4)}),
+    Rule("loader-workers-4", ("data-wait",), {"data_workers": 4}, 0.4, "more loader processes"),
+    Rule("triton-tail", ("tail-gather-bound", "memory-bound kernel", "compute-bound kernel"),
+         {"tail_backend": "triton"}, 0.8, "gather-GEMM tail kernels: the gathered tile stays in registers",
+         devices=("cuda",)),
+    Rule("triton-fused-loss", ("loss", "tail-gather-bound"), {"tail_backend": "triton-fused-loss"}, 0.85,
+         "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",)),
+    Rule("bf16-autocast", ("tail-gather-bound", "compute-bound kernel", "memory-bound kernel", "loss"),
+         {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
+         devices=("cuda",)),
+    Rule("tail-slots", ("tail-gather-bound",), {"tail_backend": "slots"}, 0.3,
+         "explicit forward/backward products instead of autograd through gather + einsum"),
+    Rule("triton-embeddings", ("embedding-bound",), {"embedding_backend": "triton"}, 0.6,
+         "one pooled lookup over all tables in one launch", devices=("cuda",)),
+    Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
+         "only pooled vectors cross the bus", requires={"embedding_placement": ("host", "cached")}),
+    Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
+         "split the cache by measured access frequencies"),
+    Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),
+    Rule("compile-encoder", ("launch/host-bound",), {"compile_encoder": True}, 0.4,
+         "fewer, fused kernels in the encoder", devices=("cuda",)),
+)
+
+# Finding category -> knob categories the generic fallback sweeps for it.
+CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
+    "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
+    "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"),
+    "launch/host-bound": ("compile", "kernel"), "cache-misses": ("embedding",),
+    "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
+}
+
+
+def _tried(state: RunState) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
+    """(knob, value) pairs of rejected candidates, and the knob overrides of every knob-only candidate."""
+    rejected = {(k, repr(v)) for e in state.history if not e.verdict.accepted for k, v in e.candidate.patch.items()}
+    seen = [e.config for e in state.history if not e.candidate.kernels]
+    return rejected, seen
+
+
+def _applicable(space: KnobSpace, state: RunState, patch: Mapping[str, Any]) -> bool:
+    names = {k.name for k in space}
+    if not set(patch) <= names:
+        return False
+    try:
+        for name, value in patch.items():
+            space[name].validate(value)
+        space.resolve({**state.incumbent.config, **patch})
+    except ConfigError:
+        return False
+    current = space.resolve(state.incumbent.config)
+    changes = {k: v for k, v in patch.items() if current[k] != v}
+    if not changes:
+        return False
+    return state.allow_model_changes or all(space[k].numerics != "model" for k in changes)
+
+
+def _gain(finding: Finding | None, plausibility: float) -> float:
+    if finding is None:
+        return NO_FINDING_GAIN
+    return 1.0 + (finding.amdahl_gain - 1.0) * plausibility
+
+
+def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
+    current = space.resolve(state.incumbent.config)
+    for rule in CATALOG:
+        if state.device.split(":")[0] not in rule.devices:
+            continue
+        if any(current.get(k) not in allowed for k, allowed in rule.requires.items()):
+            continue
+        trigger = next((f for f in findings if f.category in rule.triggers), None)
+        if trigger is None:
+            continue
+        yield Proposal(kind="knob", patch=dict(rule.patch), proposer=f"offline:{rule.name}",
+                       expected_gain=_gain(trigger, rule.plausibility),
+                       rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
+
+
+def _values(knob: Knob) -> tuple[Any, ...]:
+    if knob.kind == "bool":
+        return (True, False)
+    return knob.choices
+
+
+def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
+    for finding in findings or [None]:
+        categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
+        for knob in space:
+            if knob.category not in categories:
+                continue
+            for value in _values(knob):
+                yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",
+                               expected_gain=_gain(finding, GENERIC_PLAUSIBILITY),
+                               rationale=f"sweep {knob.name} = {value!r} ({knob.why})"
+                                         + (f"; {finding.category}: {finding.evidence}" if finding else ""))
+
+
+def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:
+    """The ``limit`` most promising untried knob patches (empty when nothing is left to try)."""
+    space = ctx.target.knob_space
+    rejected, seen = _tried(state)
+    ranked = sorted(list(_rule_proposals(state, space, state.findings))
+                    + list(_generic_proposals(state, space, state.findings)),
+                    key=lambda p: -(p.expected_gain or 0.0))  # stable: catalog order breaks ties
+    chosen: list[Proposal] = []
+    for proposal in ranked:
+        config = {**state.incumbent.config, **proposal.patch}
+        if (not _applicable(space, state, proposal.patch)
+                or any((k, repr(v)) in rejected for k, v in proposal.patch.items())
+                or any(space.resolve(config) == space.resolve(s) for s in seen)
+                or any(p.patch == proposal.patch for p in chosen)):
+            continue
+        chosen.append(proposal)
+        if len(chosen) == limit:
+            break
+    return chosen

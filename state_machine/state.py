@@ -1,0 +1,170 @@
+"""The agent's state: one typed object that the graph checkpoints after every node.
+
+Everything a resumed run needs lives here or in a file of the run directory that a field names:
+the request (target, size, device, tier, limits), the baseline's measurements, the incumbent (the
+best configuration accepted so far), the proposals waiting to be tried, the candidate in flight,
+and the history of every candidate with its verdict. Bulky records (numerics trajectories,
+profiles, A/B timings) are written as JSON files under the run directory and referenced by path,
+so a checkpoint stays small and a report can be rebuilt from the directory alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from profilers.records import Finding
+
+STATE_SCHEMA_VERSION = 1
+
+CandidateKind = Literal["knob", "kernel"]
+Stage = Literal["check", "validate", "measure"]
+NUMERICS_ORDER = ("exact", "reorder", "precision", "model")  # strictest first
+
+
+def loosest(classes: list[str] | tuple[str, ...]) -> str:
+    """The loosest numerics class among some changes (``exact`` when there are none)."""
+    return max(classes, key=NUMERICS_ORDER.index, default="exact")
+
+
+class Limits(BaseModel):
+    """When a run stops: whichever budget runs out first."""
+
+    max_iters: int = Field(25, description="candidates evaluated (checked, validated or measured)")
+    max_minutes: float = Field(60.0, description="wall time of the run, resumes included")
+    budget_usd: float = Field(0.0, description="LLM spend; 0 for the offline tier")
+
+
+class EvalPlan(BaseModel):
+    """How much measuring each candidate gets; sized so that a verdict is trustworthy, not cheap."""
+
+    numerics_steps: int = Field(20, description="steps of the numerics fingerprint (baseline and candidate)")
+    quality_steps: int | None = Field(None, description="training steps of a model-class quality run (None: "
+                                                        "the target size's preset)")
+    warmup: int = 3
+    blocks: int = Field(6, description="interleaved timed blocks per side in one A/B measurement (even)")
+    block_steps: int | None = Field(None, description="steps per block (None: enough for BLOCK_SECONDS, from "
+                                                      "a short timing of the baseline)")
+    block_seconds: float = Field(0.3, description="the duration a block aims at when block_steps is None")
+    aa_repeats: int = Field(2, description="A/A runs that set the noise floor")
+    profile_steps: int = 5
+    fine_profile: bool = Field(False, description="also time kernel slots against the ceilings (CUDA)")
+    kernel_dtypes: list[str] = Field(default_factory=lambda: ["float32"])
+    timeout_s: float = Field(1800.0, description="upper limit on any one worker; shortened from the baseline's")
+    min_timeout_s: float = Field(60.0, description="the shortened limit never goes below this")
+
+
+class Candidate(BaseModel):
+    """One proposed change to the incumbent: a knob patch and/or replacement kernel sources."""
+
+    id: int
+    kind: CandidateKind
+    patch: dict[str, Any] = Field(default_factory=dict, description="knob values changed from the incumbent")
+    kernels: dict[str, str] = Field(default_factory=dict, description="slot name -> replacement source file")
+    rationale: str
+    proposer: str = Field(description="offline:<rule> or llm:<tier>")
+    expected_gain: float | None = Field(None, description="the proposer's estimate of the step speedup")
+
+
+class Verdict(BaseModel):
+    """What became of a candidate, and why, in one sentence."""
+
+    accepted: bool
+    stage: Stage
+    reason: str
+    numerics_class: str | None = None
+    numerics_detail: str | None = None
+    ratio: float | None = Field(None, description="candidate time / incumbent time, side by side (below 1 faster)")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> file in the run directory")
+    wall_s: float = 0.0
+
+
+class Evaluated(BaseModel):
+    candidate: Candidate
+    verdict: Verdict
+    incumbent_id: int | None = Field(description="the candidate id the incumbent came from (None: baseline)")
+    config: dict[str, Any] = Field(default_factory=dict, description="the knob overrides the candidate ran with")
+    digest: str | None = Field(None, description="config_digest of the candidate (None when it failed to resolve)")
+
+
+class Incumbent(BaseModel):
+    """The best configuration so far: the baseline's overrides plus every accepted change."""
+
+    config: dict[str, Any] = Field(default_factory=dict, description="knob overrides (the rest are defaults)")
+    kernels: dict[str, str] = Field(default_factory=dict, description="slot -> accepted source file")
+    from_candidate: int | None = None
+    est_speedup: float = Field(1.0, description="product of accepted side-by-side speedups (an estimate; the "
+                                                "report re-measures baseline against best directly)")
+
+
+class Baseline(BaseModel):
+    numerics_file: str
+    quality: dict[str, float] | None = None
+    step_ms: float = Field(description="median step time from the A/A calibration blocks")
+    noise_floor: float
+    calibration_file: str
+    resolved_config: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+class FinalMeasurement(BaseModel):
+    """Baseline against the best configuration, side by side, at the end of the run."""
+
+    ratio: float | None = None
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str
+    file: str
+
+
+class RunState(BaseModel):
+    version: int = STATE_SCHEMA_VERSION
+    run_id: str
+    run_dir: str
+    target: str
+    size: str
+    device: str = "cpu"
+    data: str | None = None
+    threads: int | None = None
+    seed: int = 0
+    tier: str = "offline"
+    allow_model_changes: bool = False
+    limits: Limits = Field(default_factory=Limits)
+    plan: EvalPlan = Field(default_factory=EvalPlan)
+
+    baseline_config: dict[str, Any] = Field(default_factory=dict, description="the user's knob overrides")
+    baseline: Baseline | None = None
+    incumbent: Incumbent = Field(default_factory=Incumbent)
+    findings: list[Finding] = Field(default_factory=list)
+    profiles: list[str] = Field(default_factory=list, description="profile files, one per diagnosis")
+
+    queue: list[Candidate] = Field(default_factory=list, description="proposed, not yet tried")
+    current: Candidate | None = Field(None, description="the candidate in flight")
+    current_verdict: Verdict | None = Field(None, description="set by the node that decided it, read by decide")
+    current_numerics_class: str | None = None
+    current_digest: str | None = None
+    current_numerics_detail: str | None = None
+    current_artifacts: dict[str, str] = Field(default_factory=dict)
+    history: list[Evaluated] = Field(default_factory=list)
+    next_id: int = 1
+    proposal_rounds: int = 0
+    proposer_failures: list[str] = Field(default_factory=list)
+
+    elapsed_s: float = Field(0.0, description="wall seconds spent in nodes, summed over resumes")
+    spent_usd: float = 0.0
+    stop_reason: str | None = None
+    final: FinalMeasurement | None = None
+    report_files: list[str] = Field(default_factory=list)
+
+    @property
+    def accepted(self) -> list[Evaluated]:
+        return [e for e in self.history if e.verdict.accepted]
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.history)
