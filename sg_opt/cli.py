@@ -199,6 +199,8 @@ def optimize(
                                                                     "Ollama, Azure); default: OpenAI with "
                                                                     "OPENAI_API_KEY"),
     model: Optional[str] = typer.Option(None, "--model", help="the LLM model (default: the tier's)"),
+    llm_timeout: float = typer.Option(180.0, "--llm-timeout", min=0.1, help="seconds per LLM request before it "
+                                                                            "is retried"),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", min=0.0, help="LLM $ cap (default: the "
                                                                                    "tier's)"),
     max_iters: Optional[int] = typer.Option(None, "--max-iters", min=1, help="candidates to evaluate at most "
@@ -210,6 +212,8 @@ def optimize(
     allow_model_changes: bool = typer.Option(False, "--allow-model-changes", help="also try knobs that change "
                                                                                   "the model, judged by quality"),
     threads: Optional[int] = THREADS_OPT,
+    timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
+                                                       "(shortened to 8x the baseline's once that is known)"),
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
     block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
                                                                                  "sized from the step time)"),
@@ -230,11 +234,12 @@ def optimize(
             if blocks % 2:
                 raise ConfigError("--blocks must be even, so that each side runs first equally often")
             overrides = _inputs(target, size, config, set_, data)
-            plan = {"blocks": blocks, **({"block_steps": block_steps} if block_steps else {})}
+            plan = {"blocks": blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
+                    **({"block_steps": block_steps} if block_steps else {})}
             request = RunRequest(run_id=new_run_id(target, size, tier), target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
                                  threads=threads, tier=tier, tiers_file=tiers, base_url=base_url, model=model,
-                                 budget_usd=budget_usd, max_iters=max_iters, max_minutes=max_minutes,
+                                 llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters, max_minutes=max_minutes,
                                  allow_model_changes=allow_model_changes, plan=plan)
             final, summary = agent.start(request, out, console, quiet)
     except ConfigError as exc:

@@ -37,8 +37,9 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
     budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
-    llm = make_client(tier, request.base_url, request.model)
+    llm = make_client(tier, request.base_url, request.model, request.llm_timeout_s)
     ledger = TokenLedger(run_dir, tiers.prices, budget, models=[llm.model] if llm else [])
+    ledger.path.touch()  # every run has a ledger, even one that makes no call
     policy = ProposerPolicy(tier=tier.name, candidates_per_iteration=tier.candidates_per_iteration,
                             kinds=tuple(tier.kinds), reasoning_effort=tier.reasoning_effort,
                             max_output_tokens=tier.max_output_tokens)

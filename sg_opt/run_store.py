@@ -37,6 +37,7 @@ class RunRequest(BaseModel):
     tiers_file: str | None = None
     base_url: str | None = Field(None, description="an OpenAI-compatible endpoint (never a key)")
     model: str | None = Field(None, description="overrides the tier's model")
+    llm_timeout_s: float = Field(180.0, description="seconds before one LLM request is abandoned (and retried)")
     budget_usd: float | None = None
     max_iters: int | None = None
     max_minutes: float = 30.0

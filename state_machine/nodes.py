@@ -167,11 +167,10 @@ def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
         updates["proposal_rounds"] = state.proposal_rounds + 1
         queue = [_to_candidate(state, p, state.next_id + i) for i, p in enumerate(proposals)]
         updates["next_id"] = state.next_id + len(queue)
-        if not queue and "stop_reason" not in updates and ctx.policy.tier == "offline":
-            updates["stop_reason"] = "converged: no promising candidate is left to try"
-        if "stop_reason" in updates:
-            return {**updates, "queue": [], "current": None}
-        if not queue:  # a failed LLM proposal: try again on the next round
+        failed = len(updates.get("proposer_failures", [])) > len(state.proposer_failures)
+        if not queue and not failed and "stop_reason" not in updates:
+            updates["stop_reason"] = "converged: the proposer has no promising candidate left to try"
+        if not queue:  # stopped, or a failed LLM proposal that the next round retries
             return {**updates, "queue": [], "current": None}
     current, rest = queue[0], queue[1:]
     ctx.event(state.run_dir, "propose", id=current.id, kind=current.kind, patch=current.patch,

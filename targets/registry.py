@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from importlib.metadata import entry_points
 
 from targets.protocol import ConfigError, Target
@@ -15,6 +17,8 @@ def _load(path: str, shown: str) -> Target:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"target {shown!r} is not a known name nor of the form module:attr")
+    if os.getcwd() not in sys.path:  # module:attr names a user's module in the current directory, as
+        sys.path.insert(0, os.getcwd())  # `python -m` would find it (workers get the same via PYTHONPATH)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -1,0 +1,112 @@
+"""`sg-opt optimize` end to end with the offline tier: real workers, real measurements, real checkpoints.
+
+These run the console command in a subprocess, as a user would, on two real targets: the bundled
+trainer at size tiny (whose dense embedding gradient is a real bottleneck) and the agent test
+target (a known win plus candidates that segfault, abort, hang, run out of memory or turn NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from sg_opt.cli import app
+
+AGENT_TARGET = "tests.fixtures.agent_target:target"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def optimize(*args: str, out: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--out", str(out), "--threads", "1", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def only_run(out: Path) -> Path:
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_offline_tier_on_tiny_finds_a_win_and_explains_a_rejection(tmp_path):
+    done = optimize("--target", "haste-rec", "--size", "tiny", "--max-iters", "2", "--json", out=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    accepted = [c for c in summary["candidates"] if c["accepted"]]
+    rejected = [c for c in summary["candidates"] if not c["accepted"]]
+    assert accepted and accepted[0]["change"] == "embedding_grad_mode=fused"
+    assert accepted[0]["numerics_class"] == "reorder" and accepted[0]["ratio"] < 1 - summary["noise_floor"]
+    assert rejected and all(c["reason"] for c in rejected)
+    assert summary["final"]["verdict"] == "faster" and summary["final"]["speedup"] > 1.5
+    assert summary["spend"]["cost_usd"] == 0 and summary["spend"]["calls"] == 0
+    run_dir = only_run(tmp_path)
+    for name in ("report.md", "summary.json", "best_config.toml", "ledger.jsonl", "checkpoints.sqlite"):
+        assert (run_dir / name).exists(), name
+    assert 'embedding_grad_mode = "fused"' in (run_dir / "best_config.toml").read_text()
+
+
+def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp_path):
+    """Kill -9 mid-run, resume: no accepted result is lost, at most the candidate in flight is redone,
+    and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection."""
+    cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--out", str(tmp_path), "--threads", "1", "--target",
+           AGENT_TARGET, "--size", "tiny", "--timeout", "20", "--max-iters", "6", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    run_dir = None
+    while time.monotonic() < deadline:
+        dirs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        if dirs and (dirs[0] / "events.jsonl").exists():
+            run_dir = dirs[0]
+            if any(e["event"] == "propose" and e["id"] == 2 for e in events(run_dir)):
+                break  # candidate 1 was decided (accepted) and candidate 2 is in flight
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("the run never reached its second candidate")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "summary.json").exists()
+
+    done = optimize("--resume", run_dir.name, "--json", out=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["candidates"][0]["change"] == "slow_loader=False" and summary["candidates"][0]["accepted"]
+    assert [c["id"] for c in summary["candidates"]] == [1, 2, 3, 4, 5, 6]
+    assert summary["stop_reason"].startswith("max-iters")
+    by_change = {c["change"]: c for c in summary["candidates"]}
+    expected = {"segfault": "SIGSEGV", "abort": "SIGABRT", "hang": "timeout", "oom": "oom", "nan": "nan"}
+    for behaviour, words in expected.items():
+        row = by_change[f"behaviour={behaviour}"]
+        assert not row["accepted"] and row["stage"] == "validate" and words in row["reason"], row
+    proposed = [e["id"] for e in events(run_dir) if e["event"] == "propose"]
+    redone = {i for i in proposed if proposed.count(i) > 1}
+    assert redone <= {2}, proposed  # at most the candidate in flight is redone
+    assert sum(e["event"] == "baseline" for e in events(run_dir)) == 1
+
+
+def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    cases = [
+        (["--target", "nope"], "unknown target"),
+        (["--size", "giant"], "has no size"),
+        (["--set", "precision=fp8"], "must be one of"),
+        (["--resume", "no-such-run"], "no run"),
+        (["--tier", "platinum"], "platinum"),
+        (["--tier", "normal"], "OPENAI_API_KEY or pass --base-url"),
+        (["--tiers", str(tmp_path / "missing.toml")], "missing.toml"),
+    ]
+    for args, words in cases:
+        result = CliRunner().invoke(app, ["optimize", "--out", str(tmp_path / "runs"), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert words in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing left behind

@@ -1,0 +1,153 @@
+"""The agent's nodes and proposers as plain functions of the state, without LangGraph or workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from profilers.records import Finding
+from state_machine import nodes
+from state_machine.context import ProposerPolicy, RunContext
+from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
+from state_machine.proposers.offline import propose_offline
+from state_machine.state import Candidate, Evaluated, Limits, RunState, Verdict, loosest
+from targets.registry import resolve_target
+
+
+@pytest.fixture
+def ctx():
+    return RunContext(target=resolve_target("haste-rec"), policy=ProposerPolicy(kinds=("knob", "kernel")))
+
+
+@pytest.fixture
+def state(tmp_path):
+    return RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny")
+
+
+def finding(category: str, share: float, gain: float) -> Finding:
+    return Finding(category=category, phase=None, evidence=f"{category} evidence", share=share, headroom=10.0,
+                   headroom_basis="test", amdahl_gain=gain)
+
+
+def candidate(cid=1, **kw) -> Candidate:
+    kw.setdefault("kind", "knob")
+    return Candidate(id=cid, rationale="test", proposer="test", **kw)
+
+
+def checked(state, ctx, cand):
+    return nodes.check(state.model_copy(update={"current": cand}), ctx)
+
+
+def test_loosest_numerics_class():
+    assert loosest([]) == "exact"
+    assert loosest(["exact", "precision", "reorder"]) == "precision"
+    assert loosest(["model", "exact"]) == "model"
+
+
+@pytest.mark.parametrize("patch,words", [
+    ({"no_such_knob": 1}, "unknown knob"),
+    ({"precision": "fp8"}, "must be one of"),
+    ({"embedding_placement": "host"}, "needs embedding_placement device"),  # constraint: dense grads
+    ({"group_size": 64}, "--allow-model-changes"),
+    ({}, "changes nothing"),
+])
+def test_check_rejects_bad_patches_with_a_reason(state, ctx, patch, words):
+    verdict = checked(state, ctx, candidate(patch=patch))["current_verdict"]
+    assert not verdict.accepted and verdict.stage == "check"
+    assert words in verdict.reason
+
+
+def test_check_parses_string_values_and_sets_the_numerics_class(state, ctx):
+    out = checked(state, ctx, candidate(patch={"data_workers": "2", "embedding_grad_mode": "fused"}))
+    assert "current_verdict" not in out
+    assert out["current"].patch == {"data_workers": 2, "embedding_grad_mode": "fused"}
+    assert out["current_numerics_class"] == "reorder"  # exact + reorder
+
+
+def test_check_rejects_disallowed_kinds_and_unsafe_kernel_sources(state, ctx, tmp_path):
+    offline = RunContext(target=ctx.target, policy=ProposerPolicy(kinds=("knob",)))
+    source = tmp_path / "tail_forward.py"
+    source.write_text("import os\ndef tail_forward(h, idx, w, bias):\n    return os.system('true')\n")
+    kernel = candidate(kind="kernel", kernels={"tail_forward": str(source)}, patch={"tail_backend": "slots"})
+    assert "does not allow kernel" in checked(state, offline, kernel)["current_verdict"].reason
+    verdict = checked(state, ctx, kernel)["current_verdict"]
+    assert verdict.stage == "check" and "os" in verdict.reason
+
+
+def test_check_rejects_a_duplicate_of_an_evaluated_candidate(state, ctx):
+    first = checked(state, ctx, candidate(1, patch={"data_workers": 2}))
+    done = Evaluated(candidate=first["current"], verdict=Verdict(accepted=False, stage="measure", reason="slower"),
+                     incumbent_id=None, config={"data_workers": 2}, digest=first["current_digest"])
+    again = checked(state.model_copy(update={"history": [done]}), ctx, candidate(2, patch={"data_workers": 2}))
+    assert "duplicate of candidate #1" in again["current_verdict"].reason
+
+
+def test_decide_makes_an_accepted_candidate_the_incumbent(state, ctx):
+    cand = candidate(3, patch={"embedding_grad_mode": "fused"})
+    verdict = Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.5)
+    out = nodes.decide(state.model_copy(update={"current": cand, "current_verdict": verdict}), ctx)
+    assert out["incumbent"].config == {"embedding_grad_mode": "fused"}
+    assert out["incumbent"].from_candidate == 3 and out["incumbent"].est_speedup == pytest.approx(2.0)
+    assert out["history"][-1].verdict.accepted and out["current"] is None
+    assert (state.run_dir and open(f"{state.run_dir}/events.jsonl").read().count('"decide"') == 1)
+
+
+def test_limits_stop_the_run(state):
+    history = [Evaluated(candidate=candidate(i, patch={"data_workers": 2}), incumbent_id=None,
+                         verdict=Verdict(accepted=False, stage="check", reason="x")) for i in range(3)]
+    assert nodes.limit_reason(state) is None
+    assert nodes.limit_reason(state.model_copy(update={"history": history, "limits": Limits(max_iters=3)})
+                              ).startswith("max-iters")
+    assert nodes.limit_reason(state.model_copy(update={"elapsed_s": 120.0, "limits": Limits(max_minutes=1)})
+                              ).startswith("max-minutes")
+
+
+def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
+    findings = [finding("data-wait", 0.3, 1.2), finding("optimizer", 0.6, 2.3)]
+    first = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=3)
+    assert first[0].patch == {"embedding_grad_mode": "fused"}  # largest gain x plausibility
+    assert all("prefetch_to_device" not in p.patch for p in first)  # a CUDA-only rule on a CPU run
+    cuda = propose_offline(state.model_copy(update={"findings": findings, "device": "cuda"}), ctx, limit=20)
+    assert any(p.patch.get("prefetch_to_device") for p in cuda) is False  # needs data_workers > 0 first
+    assert any(p.patch.get("optimizer_impl") == "fused" for p in cuda)
+
+
+def test_offline_does_not_retry_what_was_rejected(state, ctx):
+    findings = [finding("optimizer", 0.6, 2.3)]
+    rejected = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
+                         config={"embedding_grad_mode": "fused"},
+                         verdict=Verdict(accepted=False, stage="validate", reason="numerics"))
+    proposals = propose_offline(state.model_copy(update={"findings": findings, "history": [rejected]}), ctx, 50)
+    assert proposals and all(p.patch.get("embedding_grad_mode") != "fused" for p in proposals)
+
+
+def test_offline_never_proposes_model_changes_unless_allowed(state, ctx):
+    space = ctx.target.knob_space
+    plain = propose_offline(state, ctx, limit=100)
+    assert plain and all(space[k].numerics != "model" for p in plain for k in p.patch)
+    allowed = propose_offline(state.model_copy(update={"allow_model_changes": True}), ctx, limit=200)
+    assert any(space[k].numerics == "model" for p in allowed for k in p.patch)
+
+
+def test_llm_prompt_carries_findings_knobs_history_and_slot_sources(state, ctx):
+    rejected = Evaluated(candidate=candidate(1, patch={"data_workers": 4}), incumbent_id=None,
+                         verdict=Verdict(accepted=False, stage="measure", reason="slower", ratio=1.3))
+    prompt = build_prompt(state.model_copy(update={"findings": [finding("optimizer", 0.6, 2.3)],
+                                                   "history": [rejected]}), ctx)
+    for words in ("optimizer evidence", "embedding_grad_mode = 'dense'", "numerics reorder", "#1 data_workers=4",
+                  "rejected at measure", "slot tail_forward(", "def tail_forward"):
+        assert words in prompt
+    assert REPLY_SCHEMA["required"] == ["candidates"]
+
+
+def test_llm_reply_becomes_proposals_with_parsed_values(state, ctx):
+    reply = {"candidates": [
+        {"rationale": "r1", "knob_changes": [{"knob": "data_workers", "value": "2"}], "kernel_slot": "",
+         "kernel_source": ""},
+        {"rationale": "r2", "knob_changes": [{"knob": "precision", "value": "fp8"}],
+         "kernel_slot": "tail_forward", "kernel_source": "def tail_forward(h, idx, w, bias): ..."},
+    ]}
+    first, second = to_proposals(reply, state, RunContext(target=ctx.target, policy=ProposerPolicy(
+        tier="ultra", candidates_per_iteration=4, kinds=("knob", "kernel"))))
+    assert first.patch == {"data_workers": 2} and first.kind == "knob" and first.proposer == "llm:ultra"
+    assert second.kind == "kernel" and second.patch == {"precision": "fp8"}  # left for check to reject
+    assert list(second.kernel_sources) == ["tail_forward"]
