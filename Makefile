@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The agent on the bundled trainer, CPU, offline tier ($0): baseline, diagnosis, candidates, report.
 demo: $(STAMP)
-	$(VENV)/bin/sg-opt bench --target haste-rec --size small --device cpu
+	$(VENV)/bin/sg-opt optimize --target haste-rec --size small --device cpu --tier offline --max-minutes 5
 
 test: $(STAMP)
 	$(PY) -m pytest
