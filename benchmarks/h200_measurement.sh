@@ -30,6 +30,10 @@ ce = r["fine"]["ceilings"]
 print("ceilings:", {k: f"{v/1e12:.1f} TFLOP/s" for k, v in ce["matmul_flops_per_s"].items()}, f"copy {ce['copy_bytes_per_s']/1e12:.2f} TB/s")
 for s in r["fine"]["slots"]:
     print(f"  {s['slot']:22s} {s['dtype']:9s} {s['median_s']*1e3:8.3f} ms  {s['achieved_flops_per_s']/1e12:7.2f} TFLOP/s  {s['achieved_bytes_per_s']/1e9:8.1f} GB/s  {s['bound']:7s} {s['roofline_fraction']*100:5.1f}% of roof")
+for o in r["fine"].get("op_timings", []):
+    flops = f"{o['achieved_flops_per_s']/1e12:7.2f} TFLOP/s" if o.get("achieved_flops_per_s") else "      -       "
+    roof = f"{o['roofline_fraction']*100:5.1f}%" if o.get("roofline_fraction") is not None else "  -  "
+    print(f"  op {o['name'][:40]:40s} x{o['calls_per_step']:5.1f}/step {o['median_s']*1e6:9.1f} us/call (p10 {o['p10_s']*1e6:.1f}, p90 {o['p90_s']*1e6:.1f})  {flops}  {o['achieved_bytes_per_s']/1e9:8.1f} GB/s in  {roof} of roof  shapes {o['shapes'][:3]}")
 for f in r["findings"]:
     print(f"  finding {f['category']:20s} share {f['share']*100:5.1f}%  gain x{f['amdahl_gain']:.2f}  {f['evidence']}")
 PY

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from profilers.stats import quantile
+from sg_opt import saved_baseline
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
 
 
 def bench(target: str, size: str, overrides: dict[str, Any], device: str, steps: int, warmup: int,
-          phase_steps: int, timeout_s: float, threads: int | None = None, data: str | None = None) -> WorkerResult:
+          phase_steps: int, timeout_s: float, threads: int | None = None, data: str | None = None,
+          save: str | None = None) -> WorkerResult:
+    """One bench worker; with ``save``, a successful run and its numerics fingerprint are written to that
+    file for `sg-opt gate --baseline` (``sg_opt.saved_baseline``; raises ``SaveFailed`` if the numerics
+    run fails)."""
     req = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device, steps=steps,
-                        warmup=warmup, phase_steps=phase_steps, threads=threads, data=data)
-    return run_worker(req, timeout_s=timeout_s)
+                        warmup=warmup, phase_steps=phase_steps, threads=threads,
+                        data=str(Path(data).resolve()) if data and save else data)
+    result = run_worker(req, timeout_s=timeout_s)
+    if save is not None and result.ok:
+        saved_baseline.save(save, req, result, timeout_s)
+    return result
 
 
 def step_summary(step_s: list[float]) -> dict[str, float]:

@@ -118,22 +118,39 @@ def bench(
     blocks: int = typer.Option(10, min=2, help="--vs: interleaved blocks per side (even)"),
     block_steps: int = typer.Option(5, min=1, help="--vs: steps per block"),
     floor: Optional[float] = typer.Option(None, min=0.0, help="--vs: noise floor (default: A/A calibration)"),
+    save: Optional[str] = typer.Option(None, "--save", help="also take the numerics fingerprint and save both, with "
+                                                            "the environment, to this JSON file for "
+                                                            "`sg-opt gate --baseline`"),
 ) -> None:
     """Time training steps of one target config in a worker process (or two, side by side, with --vs)."""
     from sg_opt.bench import bench as run_bench, render
+    from sg_opt.saved_baseline import SaveFailed, check_writable
 
     overrides = _inputs(target, size, config, set_, data)
+    if save is not None:
+        if vs is not None:
+            fail("--save keeps the figures of one config; drop --vs")
+        try:
+            check_writable(save)
+        except ConfigError as exc:
+            fail(str(exc))
     if vs is not None:
         _bench_vs(target, size, overrides, _inputs(target, size, vs, [], data), data, device, warmup, threads,
                   timeout, blocks, block_steps, floor, as_json)
         return
     with console.status(f"benchmarking {target} @ {size} on {device} ..."):
-        result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data)
+        try:
+            result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data,
+                               save)
+        except SaveFailed as exc:
+            fail(str(exc), code=1)
     if as_json:
         print(result.model_dump_json(indent=1))
     _check_result(result)
     if not as_json:
         render(result, console)
+        if save is not None:
+            console.print(f"saved the step times, numerics fingerprint and environment to {save}")
 
 
 def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: str | None, device: str, warmup: int,
@@ -252,6 +269,69 @@ def optimize(
         console.print(f"results: {final.run_dir}/ (report.md, summary.json, best_config.toml)")
     if (final.stop_reason or "").startswith("error:"):
         fail(final.stop_reason.removeprefix("error: "), code=1)
+
+
+@app.command()
+def gate(
+    target: str = TARGET_OPT, size: str = SIZE_OPT, config: Optional[str] = CONFIG_OPT,
+    set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
+    ref: Optional[str] = typer.Option(None, "--ref", help="git revision to compare the working tree with (checked "
+                                                          "out apart, timed interleaved)"),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="compare with figures saved by `sg-opt bench "
+                                                                    "--save FILE` (same device only; its target, "
+                                                                    "size and config are used)"),
+    max_regression: float = typer.Option(0.05, "--max-regression", min=0.0, help="allowed slowdown, 0.05 = 5%"),
+    numerics_class: str = typer.Option("reorder", "--numerics-class", help="exact, reorder or precision: how "
+                                                                          "close B's numerics must stay to A's"),
+    numerics_steps: int = typer.Option(10, "--numerics-steps", min=1, help="--ref: steps of the numerics "
+                                                                           "fingerprint"),
+    blocks: int = typer.Option(10, min=2, help="--ref: interleaved blocks per side (even)"),
+    block_steps: int = typer.Option(10, "--block-steps", min=1, help="--ref: steps per block"),
+    warmup: int = typer.Option(5, min=0, help="--ref: untimed steps first"),
+    floor: Optional[float] = typer.Option(None, min=0.0, help="noise floor (default: A/A calibration with --ref, "
+                                                              "the runs' spread with --baseline)"),
+    aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
+    junit: Optional[str] = typer.Option(None, "--junit", help="write a JUnit XML report here"),
+    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT,
+    as_json: bool = typer.Option(False, "--json", help="print the gate's result as JSON"),
+) -> None:
+    """CI regression gate: fail (exit 1) if the working tree is slower beyond --max-regression, with confidence,
+    or computes differently; exit 2 on usage or set-up errors. Markdown goes to $GITHUB_STEP_SUMMARY.
+
+    Example: sg-opt gate --target haste-rec --size tiny --ref origin/main --junit gate.xml
+    """
+    from sg_opt.gate import GateOptions, gate_against_baseline, gate_against_ref
+    from sg_opt.gate_report import render, write_reports
+    from targets.worker_protocol import WorkerRequest
+
+    if (ref is None) == (baseline is None):
+        fail("give exactly one of --ref GIT_REV or --baseline FILE")
+    if numerics_class not in ("exact", "reorder", "precision"):
+        fail(f"--numerics-class must be exact, reorder or precision, not {numerics_class!r}")
+    if blocks % 2:
+        fail("--blocks must be even, so that each side runs first equally often")
+    options = GateOptions(max_regression=max_regression, numerics_class=numerics_class, numerics_steps=numerics_steps,
+                          blocks=blocks, block_steps=block_steps, floor=floor, aa_runs=aa_runs, timeout_s=timeout)
+    with console.status("setting up the gate ...") as status:
+        try:
+            if baseline is not None:
+                if config or set_ or data:
+                    raise ConfigError("--baseline runs the saved target, size and config; drop --config, --set "
+                                      "and --data")
+                result = gate_against_baseline(baseline, options, status.update)
+            else:
+                overrides = _inputs(target, size, config, set_, data)
+                spec = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device,
+                                     warmup=warmup, threads=threads, data=str(Path(data).resolve()) if data else None)
+                result = gate_against_ref(spec, ref, options, status.update)
+        except ConfigError as exc:
+            fail(str(exc))
+    write_reports(result, junit)
+    if as_json:
+        print(result.model_dump_json(indent=1))
+    else:
+        render(result, console)
+    raise typer.Exit(result.exit_code)
 
 
 def main() -> None:

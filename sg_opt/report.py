@@ -1,25 +1,93 @@
-"""The files every run leaves behind: summary.json, report.md, best_config.toml and best_kernels/.
+"""The files every run leaves behind: summary.json, report.md, report.html, best_config.toml, best_kernels/.
 
 ``write_report(state, target)`` is what the agent's report node calls (through the context), and
-what ``sg-opt report RUN_DIR`` calls again from a saved state. report.md is short enough for a
+what ``sg-opt report RUN_DIR`` calls again through ``regenerate``. report.md is short enough for a
 pull-request comment: the result with its interval, then every candidate with its verdict.
+
+How ``regenerate`` reads a run: the last checkpoint's RunState straight from the run's SQLite file
+(the graph's own checkpointer and serializer; no graph is compiled and no target is built, so a
+run whose target module is gone still reports), re-rooted to wherever the directory now lives.
+From that state everything is rebuilt exactly as at the end of the run, nothing is re-measured.
+A directory without a checkpoint (copied without it) is reported from its summary.json alone;
+then best_kernels/ is kept as it is.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import shutil
+import sqlite3
 from pathlib import Path
+from typing import Any
 
-from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
+from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, StepTime, Summary, build_summary
 from state_machine.state import RunState
-from targets.protocol import Target
+from targets.protocol import ConfigError, Target
 
 REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
 BEST_CONFIG = "best_config.toml"
 BEST_KERNELS = "best_kernels"
+REQUEST_FILE = "run.json"
+CHECKPOINT_FILE = "checkpoints.sqlite"
 
+
+# ----------------------------------------------------------------------------- wording shared by md and html
+
+def step_text(t: StepTime | None) -> str:
+    return f"{t.ms:.2f} ms (95% CI {t.ci_low_ms:.2f}-{t.ci_high_ms:.2f}, {t.blocks} blocks)" if t else "-"
+
+
+def result_line(s: Summary) -> str:
+    """The run's outcome in one sentence, without markup."""
+    if s.final is not None and s.final.speedup is not None:
+        f = s.final
+        return (f"x{f.speedup:.2f} faster than the baseline, measured side by side at the end: step time ratio "
+                f"{f.ratio:.3f} (95% interval {f.ci_low:.3f}-{f.ci_high:.3f}, best/baseline), verdict {f.verdict}.")
+    if s.accepted:
+        return f"estimated x{s.est_speedup:.2f} faster (product of the accepted side-by-side speedups)."
+    return "no candidate was accepted: the baseline stays."
+
+
+def numerics_line(s: Summary) -> str:
+    if s.numerics is None:
+        return "unchanged: the best configuration is the baseline."
+    n = s.numerics
+    return f"{n.numerics_class} (validated with candidate #{n.candidate}): {n.detail}"
+
+
+def verdict_text(accepted: bool, stage: str) -> str:
+    return "accepted" if accepted else f"rejected at {stage}"
+
+
+def ratio_text(ratio: float | None, low: float | None, high: float | None) -> str:
+    return f"{ratio:.3f} ({low:.3f}-{high:.3f})" if ratio is not None and low is not None else "-"
+
+
+def spend_line(s: Summary) -> str:
+    spend = s.spend
+    per_win = f", ${s.cost_per_win_usd:.4f} per accepted win" if s.cost_per_win_usd is not None else ""
+    return (f"LLM spend ${spend.cost_usd:.4f} in {spend.calls} calls ({spend.input_tokens} input, "
+            f"{spend.output_tokens} output tokens){per_win}")
+
+
+def machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
+    """The baseline worker's environment; what it did not record is said, not guessed."""
+    known = [("device", "device"), ("device_name", "device name"), ("driver", "driver"), ("cuda", "CUDA"),
+             ("torch", "torch"), ("triton", "triton"), ("python", "python"), ("threads", "threads")]
+    rows = [(label, str(env[key]) if env.get(key) is not None else "not recorded") for key, label in known]
+    rows += [(key, str(value)) for key, value in env.items() if key not in dict(known)]
+    return rows
+
+
+def status_line(s: Summary) -> str:
+    stop = s.stop_reason or "the run did not finish (no report node ran): this is its state at the last checkpoint"
+    return f"{s.target} @ {s.size} on {s.device}, tier {s.tier}. Stopped: {stop}."
+
+
+# ----------------------------------------------------------------------------- the files
 
 def _toml_value(value) -> str:
     if isinstance(value, bool):
@@ -54,44 +122,131 @@ def _write_kernels(state: RunState, target: Target, folder: Path) -> None:
         (folder / f"{slot_name}.diff").write_text("".join(diff), encoding="utf-8")
 
 
-def _result_line(s: Summary) -> str:
-    if s.final is not None and s.final.speedup is not None:
-        f = s.final
-        return (f"**x{f.speedup:.2f} faster** than the baseline, measured side by side at the end: step time ratio "
-                f"{f.ratio:.3f} (95% interval {f.ci_low:.3f}-{f.ci_high:.3f}, best/baseline), verdict {f.verdict}.")
-    if s.accepted:
-        return f"estimated x{s.est_speedup:.2f} faster (product of the accepted side-by-side speedups)."
-    return "no candidate was accepted: the baseline stays."
+def kernel_diffs(run_dir: Path) -> dict[str, str]:
+    """slot -> unified diff of the best kernel against the baseline's, as written in best_kernels/."""
+    folder = run_dir / BEST_KERNELS
+    return {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.diff"))} if folder.is_dir() else {}
 
 
 def report_markdown(s: Summary) -> str:
-    spend = s.spend
-    lines = [f"# sg-opt run {s.run_id}", "",
-             f"{s.target} @ {s.size} on {s.device}, tier **{s.tier}**. Stopped: {s.stop_reason}.", "",
-             _result_line(s), ""]
-    if s.baseline_step_ms is not None:
-        lines.append(f"Baseline step {s.baseline_step_ms:.2f} ms (median of the A/A calibration blocks); noise "
-                     f"floor {100 * (s.noise_floor or 0):.1f}%.")
-    lines += [f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. LLM spend: ${spend.cost_usd:.4f} in "
-              f"{spend.calls} calls ({spend.input_tokens} input, {spend.output_tokens} output tokens)"
-              + (f", ${s.cost_per_win_usd:.4f} per accepted win" if s.cost_per_win_usd is not None else "")
-              + f". Wall time {s.wall_s / 60:.1f} min.", "", "## Best configuration", ""]
+    lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "",
+             "| | step time | |", "|---|---|---|",
+             f"| baseline | {step_text(s.baseline_step)} | |",
+             f"| best | {step_text(s.best_step)} | numerics: {numerics_line(s).replace('|', '/')} |", ""]
+    if s.noise_floor is not None:
+        lines.append(f"Noise floor {100 * s.noise_floor:.1f}% (A/A calibration on this machine).")
+    lines += [f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. {spend_line(s)}. "
+              f"Wall time {s.wall_s / 60:.1f} min.", "", "## Best configuration", ""]
     lines += [f"- `{k} = {v!r}`" for k, v in sorted(s.best_config.items())] or ["- the baseline's"]
     lines += [f"- kernel `{k}` replaced (see best_kernels/)" for k in s.best_kernels]
-    lines += ["", "## Candidates", "", "| # | change | proposer | verdict | ratio (95% CI) | why |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Candidates", "", "| # | kind | change | proposer | verdict | ratio (95% CI) | why |",
+              "|---|---|---|---|---|---|---|"]
     for c in s.candidates:
-        ratio = f"{c.ratio:.3f} ({c.ci_low:.3f}-{c.ci_high:.3f})" if c.ratio is not None else "-"
         verdict = "**accepted**" if c.accepted else f"rejected ({c.stage})"
-        lines.append(f"| {c.id} | {c.change} | {c.proposer} | {verdict} | {ratio} | {c.reason.replace('|', '/')} |")
+        lines.append(f"| {c.id} | {c.kind} | {c.change} | {c.proposer} | {verdict} | "
+                     f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {c.reason.replace('|', '/')} |")
+    env = dict(machine_rows(s.environment))
+    lines += ["", f"Machine: {env['device name']} ({env['device']}), driver {env['driver']}, torch {env['torch']}, "
+                  f"triton {env['triton']}. Plots, phases and the roofline: report.html."]
+    lines += [f"> note: {note}" for note in s.notes]
     return "\n".join(lines) + "\n"
 
 
-def write_report(state: RunState, target: Target) -> list[str]:
-    run_dir = Path(state.run_dir)
-    summary = build_summary(state)
+def write_summary_files(summary: Summary, run_dir: Path) -> list[str]:
+    """summary.json, best_config.toml, report.md and report.html from a summary (no state needed)."""
+    from sg_opt.report_html import render_html  # matplotlib is imported only when a report is drawn
+
     (run_dir / SUMMARY_FILE).write_text(summary.model_dump_json(indent=1))
     (run_dir / BEST_CONFIG).write_text(best_config_toml(summary))
     (run_dir / REPORT_MD).write_text(report_markdown(summary))
-    _write_kernels(state, target, run_dir / BEST_KERNELS)
-    return [str(run_dir / name) for name in (REPORT_MD, SUMMARY_FILE, BEST_CONFIG)]
+    (run_dir / REPORT_HTML).write_text(render_html(summary, kernel_diffs(run_dir)), encoding="utf-8")
+    return [str(run_dir / name) for name in (REPORT_MD, REPORT_HTML, SUMMARY_FILE, BEST_CONFIG)]
+
+
+def _write_all(state: RunState, target: Target | None) -> tuple[Summary, list[str]]:
+    run_dir = Path(state.run_dir)
+    if target is not None:
+        _write_kernels(state, target, run_dir / BEST_KERNELS)
+    summary = build_summary(state)
+    return summary, write_summary_files(summary, run_dir)
+
+
+def write_report(state: RunState, target: Target | None) -> list[str]:
+    """Everything from the state; with no target (it cannot be imported) best_kernels/ stays as it is."""
+    return _write_all(state, target)[1]
+
+
+# ----------------------------------------------------------------------------- reading a run directory back
+
+def _rerooted(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, dict):
+        return {k: _rerooted(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rerooted(v, old, new) for v in value]
+    return value
+
+
+def _rooted(state: RunState, run_dir: Path) -> RunState:
+    """The state with every path under its old run directory moved to where the directory is now."""
+    old, new = state.run_dir.rstrip("/"), str(run_dir.resolve())
+    if old == new:
+        return state
+    return RunState.model_validate(_rerooted(state.model_dump(), old, new))
+
+
+def load_state(run_dir: Path) -> RunState | None:
+    """The last checkpoint's RunState, or None when the directory has no readable checkpoint."""
+    from state_machine.graph import open_checkpointer, thread  # langgraph only when it is needed
+
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        return None
+    try:
+        run_id = json.loads((run_dir / REQUEST_FILE).read_text())["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        run_id = run_dir.name
+    try:
+        saved = open_checkpointer(run_dir).get_tuple(thread(run_id))
+    except sqlite3.Error:
+        return None
+    if saved is None:
+        return None
+    values = {k: v for k, v in saved.checkpoint["channel_values"].items() if k in RunState.model_fields}
+    try:
+        return _rooted(RunState.model_validate(values), run_dir)
+    except ValueError:
+        return None
+
+
+def load_summary(run_dir: Path) -> Summary:
+    path = run_dir / SUMMARY_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"{run_dir} has neither a readable checkpoint nor a readable {SUMMARY_FILE}") from None
+    if not isinstance(data, dict) or data.get("version", 0) > SUMMARY_SCHEMA_VERSION:
+        raise ConfigError(f"{path} was written by a newer sg-opt (summary schema {data.get('version')})")
+    try:
+        return Summary.model_validate({**data, "version": SUMMARY_SCHEMA_VERSION})
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a summary sg-opt can read ({exc.errors()[0]['msg']})") from None
+
+
+def regenerate(run_dir: str | Path) -> Summary:
+    """Rewrite every report file of a run directory from what it holds; ConfigError if it holds no run."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError(f"{run_dir} is not a directory (a run directory holds {REQUEST_FILE} and {SUMMARY_FILE})")
+    state = load_state(path)
+    if state is None:
+        summary = load_summary(path)
+        write_summary_files(summary, path)
+        return summary
+    from targets.registry import resolve_target
+
+    try:
+        target = resolve_target(state.target)
+    except ConfigError:
+        target = None
+    return _write_all(state, target)[0]

@@ -1,21 +1,30 @@
 """The run summary: one versioned JSON record of what a run found, what it cost and why it stopped.
 
-Built from the final state and the run directory alone (the ledger file included), so reports and
-``sg-opt report`` can be regenerated at any time without re-running anything.
+Built from the final state and the run directory alone (profiles, A/B files, events, the ledger),
+so every report (markdown, HTML, comparisons) is a pure function of this record and can be
+regenerated at any time without re-running or re-measuring anything.
+
+Schema history: 1 = result, candidates and spend; 2 = adds step times with intervals, the numerics
+verdict of the best, per-profile phase breakdowns, roofline points, the ledger's calls and notes.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
+from profilers.records import Ceilings, ProfileResult
 from sg_opt.ledger import TokenLedger
 from state_machine.state import Evaluated, FinalMeasurement, RunState
+from validators.speedup import ABResult, NoiseFloor
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
 SUMMARY_FILE = "summary.json"
+BOOTSTRAP_RESAMPLES = 2000
 
 
 class CandidateRow(BaseModel):
@@ -28,9 +37,14 @@ class CandidateRow(BaseModel):
     stage: str
     reason: str
     numerics_class: str | None = None
+    numerics_detail: str | None = None
     ratio: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    speedup: float | None = Field(None, description="1 / ratio: above 1 is faster than the incumbent")
+    expected_gain: float | None = None
+    wall_s: float = 0.0
+    decided_at_s: float | None = Field(None, description="seconds from the run's start to its verdict")
 
 
 class Spend(BaseModel):
@@ -43,6 +57,66 @@ class Spend(BaseModel):
     cost_usd: float = 0.0
 
 
+class LLMCall(BaseModel):
+    """One row of ledger.jsonl, as much as the reports need."""
+
+    timestamp: str = ""
+    node: str = "?"
+    tier: str = "?"
+    model: str = "?"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    ok: bool = True
+
+
+class StepTime(BaseModel):
+    """A median step time with its bootstrap 95% interval, from the block medians of one side."""
+
+    ms: float
+    ci_low_ms: float
+    ci_high_ms: float
+    blocks: int
+    source: str = Field(description="the file the block medians come from")
+
+
+class NumericsVerdict(BaseModel):
+    numerics_class: str = Field(description="the loosest class allowed for the best configuration")
+    detail: str
+    candidate: int | None = Field(None, description="the accepted candidate whose validation this is")
+
+
+class PhaseBreakdown(BaseModel):
+    """One profile's step split into its phases (ms per step, under the profiler)."""
+
+    label: str = Field(description="'baseline' or 'after #<candidate id>'")
+    profile: str = Field(description="file under the run directory")
+    step_ms: float
+    unprofiled_step_ms: float
+    phases_ms: dict[str, float] = Field(description="phase -> share x profiled step time")
+    other_ms: float = Field(description="the step time no named phase accounts for (0 when phases overlap)")
+
+
+class RooflinePoint(BaseModel):
+    label: str = Field(description="the profile the timing comes from")
+    slot: str
+    implementation: str
+    dtype: str
+    shape: dict[str, int]
+    median_us: float
+    intensity: float
+    achieved_flops_per_s: float
+    attainable_flops_per_s: float
+    roofline_fraction: float
+    bound: str
+
+
+class Roofline(BaseModel):
+    ceilings: Ceilings
+    points: list[RooflinePoint]
+
+
 class Summary(BaseModel):
     version: int = SUMMARY_SCHEMA_VERSION
     run_id: str
@@ -51,8 +125,13 @@ class Summary(BaseModel):
     device: str
     tier: str
     stop_reason: str | None
+    finished: bool = Field(True, description="whether the run reached its report node")
     baseline_step_ms: float | None
     noise_floor: float | None
+    baseline_step: StepTime | None = Field(None, description="baseline step time, side by side with the best "
+                                                             "when one was accepted, else from the A/A blocks")
+    best_step: StepTime | None = Field(None, description="best step time from the final side-by-side A/B")
+    numerics: NumericsVerdict | None = None
     best_config: dict[str, Any]
     best_kernels: list[str]
     est_speedup: float = Field(description="product of the accepted side-by-side speedups")
@@ -60,11 +139,15 @@ class Summary(BaseModel):
     evaluated: int
     accepted: int
     candidates: list[CandidateRow]
+    phases: list[PhaseBreakdown] = Field(default_factory=list, description="one per profile, baseline first")
+    roofline: Roofline | None = None
     spend: Spend
     spend_by_tier: dict[str, Spend] = Field(default_factory=dict)
+    llm_calls: list[LLMCall] = Field(default_factory=list)
     cost_per_win_usd: float | None = None
     wall_s: float
     environment: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
 
 
 def describe_change(e: Evaluated) -> str:
@@ -73,30 +156,169 @@ def describe_change(e: Evaluated) -> str:
     return ", ".join(parts) or "(nothing)"
 
 
-def _row(e: Evaluated) -> CandidateRow:
+# ----------------------------------------------------------------------------- reading the run directory
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def _decided_at(run_dir: Path) -> dict[int, float]:
+    events = _events(run_dir)
+    start = next((e["t"] for e in events if e.get("event") == "setup"), None)
+    if start is None:
+        return {}
+    return {e["id"]: e["t"] - start for e in events if e.get("event") == "decide" and "id" in e}
+
+
+def _row(e: Evaluated, decided_at: dict[int, float]) -> CandidateRow:
     v = e.verdict
     return CandidateRow(id=e.candidate.id, kind=e.candidate.kind, change=describe_change(e),
                         proposer=e.candidate.proposer, rationale=e.candidate.rationale, accepted=v.accepted,
-                        stage=v.stage, reason=v.reason, numerics_class=v.numerics_class, ratio=v.ratio,
-                        ci_low=v.ci_low, ci_high=v.ci_high)
+                        stage=v.stage, reason=v.reason, numerics_class=v.numerics_class,
+                        numerics_detail=v.numerics_detail, ratio=v.ratio, ci_low=v.ci_low, ci_high=v.ci_high,
+                        speedup=1.0 / v.ratio if v.ratio else None, expected_gain=e.candidate.expected_gain,
+                        wall_s=v.wall_s, decided_at_s=decided_at.get(e.candidate.id))
 
 
-def _spend(run_dir: Path) -> tuple[Spend, dict[str, Spend]]:
-    """Totals straight from the run's ledger file (read back by the ledger itself)."""
-    totals = TokenLedger(run_dir, prices={}, budget_usd=0.0).totals()
-    return (Spend(**vars(totals.overall)),
-            {tier: Spend(**vars(total)) for tier, total in totals.by_tier.items()})
+def _spend(run_dir: Path) -> tuple[Spend, dict[str, Spend], list[LLMCall]]:
+    """Totals and calls straight from the run's ledger file (read back by the ledger itself)."""
+    ledger = TokenLedger(run_dir, prices={}, budget_usd=0.0)
+    totals = ledger.totals()
+    calls = [LLMCall.model_validate({k: v for k, v in row.items() if k in LLMCall.model_fields}) for row in ledger.rows]
+    return (Spend(**vars(totals.overall)), {tier: Spend(**vars(total)) for tier, total in totals.by_tier.items()},
+            calls)
+
+
+def median_with_interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """Median and its bootstrap 95% percentile interval (resamples of the values, fixed seed)."""
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    boots = np.median(data[rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))], axis=1)
+    return float(np.median(data)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+
+
+def _step_time(medians_s: list[float], source: str) -> StepTime | None:
+    if not medians_s:
+        return None
+    mid, low, high = median_with_interval(medians_s)
+    return StepTime(ms=1e3 * mid, ci_low_ms=1e3 * low, ci_high_ms=1e3 * high, blocks=len(medians_s), source=source)
+
+
+def _local(run_dir: Path, path: str) -> Path:
+    """A file the state names, found in this run directory even when the directory was moved."""
+    p = Path(path)
+    return p if p.is_absolute() else run_dir / p
+
+
+def _relative(run_dir: Path, path: Path) -> str:
+    try:
+        return str(path.relative_to(run_dir))
+    except ValueError:
+        return str(path)
+
+
+def _step_times(state: RunState, run_dir: Path, notes: list[str]) -> tuple[StepTime | None, StepTime | None]:
+    if state.final is not None and _local(run_dir, state.final.file).is_file():
+        final = _local(run_dir, state.final.file)
+        ab = ABResult.model_validate_json(final.read_text())
+        source = _relative(run_dir, final)
+        return _step_time(ab.a.block_medians, source), _step_time(ab.b.block_medians, source)
+    if state.baseline is not None and _local(run_dir, state.baseline.calibration_file).is_file():
+        calibration = _local(run_dir, state.baseline.calibration_file)
+        noise = NoiseFloor.model_validate_json(calibration.read_text())
+        medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
+        if state.accepted:
+            notes.append("the final side-by-side measurement of baseline against best is missing")
+        return _step_time(medians, _relative(run_dir, calibration)), None
+    return None, None
+
+
+def _numerics(state: RunState) -> NumericsVerdict | None:
+    if not state.accepted:
+        return None
+    last = state.accepted[-1]
+    return NumericsVerdict(numerics_class=last.verdict.numerics_class or "exact",
+                           detail=last.verdict.numerics_detail or "validated against the baseline",
+                           candidate=last.candidate.id)
+
+
+def _profiles(state: RunState, run_dir: Path, notes: list[str]) -> list[tuple[str, Path, ProfileResult]]:
+    """Each profile with its label: profile k > 0 was taken after the k-th accepted candidate."""
+    accepted = state.accepted
+    out = []
+    for index, path in enumerate(state.profiles):
+        if index == 0:
+            label = "baseline"
+        elif index <= len(accepted):
+            label = f"after #{accepted[index - 1].candidate.id}"
+        else:
+            label = f"profile {index}"
+        local = _local(run_dir, path)
+        try:
+            out.append((label, local, ProfileResult.model_validate_json(local.read_text())))
+        except (OSError, ValueError):
+            notes.append(f"profile {_relative(run_dir, local)} is missing or unreadable")
+    if accepted and len(state.profiles) <= len(accepted):
+        notes.append(f"the best configuration (#{accepted[-1].candidate.id}) was not profiled: the run stopped "
+                     "before its next diagnosis")
+    return out
+
+
+def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> list[PhaseBreakdown]:
+    rows = []
+    for label, path, result in profiles:
+        coarse = result.coarse
+        if coarse is None:
+            continue
+        phases = {name: 1e3 * p.share * coarse.step_s for name, p in coarse.phases.items()}
+        rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
+                                   unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases,
+                                   other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0)))
+    return rows
+
+
+def _roofline(profiles: list[tuple[str, Path, ProfileResult]], notes: list[str]) -> Roofline | None:
+    with_fine = [(label, result.fine) for label, _, result in profiles if result.fine is not None]
+    if not with_fine:
+        notes.append("no kernel-slot roofline: no profile of this run has a fine section (the fine profile runs "
+                     "with plan.fine_profile, usually on CUDA)")
+        return None
+    shown = [with_fine[0]] + ([with_fine[-1]] if len(with_fine) > 1 else [])  # baseline's and the latest
+    points = [RooflinePoint(label=label, slot=s.slot, implementation=s.implementation, dtype=s.dtype, shape=s.shape,
+                            median_us=1e6 * s.median_s, intensity=s.intensity,
+                            achieved_flops_per_s=s.achieved_flops_per_s,
+                            attainable_flops_per_s=s.attainable_flops_per_s, roofline_fraction=s.roofline_fraction,
+                            bound=s.bound)
+              for label, fine in shown for s in fine.slots]
+    return Roofline(ceilings=shown[-1][1].ceilings, points=points)
 
 
 def build_summary(state: RunState) -> Summary:
-    overall, by_tier = _spend(Path(state.run_dir))
+    run_dir = Path(state.run_dir)
+    notes: list[str] = []
+    overall, by_tier, calls = _spend(run_dir)
     accepted = len(state.accepted)
     baseline = state.baseline
+    baseline_step, best_step = _step_times(state, run_dir, notes)
+    profiles = _profiles(state, run_dir, notes)
+    decided_at = _decided_at(run_dir)
     return Summary(run_id=state.run_id, target=state.target, size=state.size, device=state.device, tier=state.tier,
-                   stop_reason=state.stop_reason, baseline_step_ms=baseline.step_ms if baseline else None,
-                   noise_floor=baseline.noise_floor if baseline else None, best_config=state.incumbent.config,
+                   stop_reason=state.stop_reason, finished=state.stop_reason is not None,
+                   baseline_step_ms=baseline.step_ms if baseline else None,
+                   noise_floor=baseline.noise_floor if baseline else None, baseline_step=baseline_step,
+                   best_step=best_step, numerics=_numerics(state), best_config=state.incumbent.config,
                    best_kernels=sorted(state.incumbent.kernels), est_speedup=state.incumbent.est_speedup,
                    final=state.final, evaluated=state.evaluated, accepted=accepted,
-                   candidates=[_row(e) for e in state.history], spend=overall, spend_by_tier=by_tier,
+                   candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
+                   roofline=_roofline(profiles, notes), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
-                   environment=baseline.environment if baseline else {})
+                   environment=baseline.environment if baseline else {}, notes=notes)

@@ -25,13 +25,21 @@ R = TypeVar("R", bound=BaseModel)
 SECRET_PREFIXES = ("OPENAI", "ANTHROPIC", "AZURE", "AWS_", "GOOGLE_", "HF_", "HUGGING")
 
 
-def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The parent's environment without anything that looks like a credential."""
+def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -> dict[str, str]:
+    """The parent's environment without anything that looks like a credential.
+
+    The child imports first from ``root`` (default: our working directory), where it also runs. A
+    ``root`` elsewhere (another checkout) drops our working directory from the inherited PYTHONPATH, so
+    a module missing there fails instead of being imported from here.
+    """
     env = {k: v for k, v in os.environ.items()
            if not SECRET_NAME.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    here = os.getcwd()
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and (root is None or os.path.abspath(p) != here)]
     # The worker must import the caller's module:attr targets from the working directory.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join([str(root) if root else here, *inherited])
     env.update(extra or {})
     return env
 
@@ -53,8 +61,10 @@ def exit_reason(code: int) -> str:
 
 
 def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: float,
-              failed: Callable[[str, str, str], R], env: dict[str, str] | None = None, what: str = "worker") -> R:
-    """Run ``python -m module --request F --result F`` in a fresh, scrubbed process group.
+              failed: Callable[[str, str, str], R], env: dict[str, str] | None = None, what: str = "worker",
+              cwd: str | None = None) -> R:
+    """Run ``python -m module --request F --result F`` in a fresh, scrubbed process group (in ``cwd``,
+    importing from it first, when given: see ``scrubbed_env``).
 
     Returns the child's result record, or ``failed(kind, message, detail)`` for a hang (killed at
     the time limit), a crash, or an unreadable result. Every worker of sg-opt is started here.
@@ -66,7 +76,7 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
         cmd = [sys.executable, "-m", module, "--request", str(request_file), "--result", str(result_file)]
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=scrubbed_env(env), start_new_session=True)
+                                    env=scrubbed_env(env, cwd), cwd=cwd, start_new_session=True)
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -82,10 +92,12 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
             return failed("crash", f"the {what} wrote an unreadable result ({exc})", stderr_tail)
 
 
-def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None) -> WorkerResult:
-    """Run one request in a fresh process; return its result or a structured failure."""
+def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None,
+               cwd: str | None = None) -> WorkerResult:
+    """Run one request in a fresh process (in the code tree ``cwd``, when given); return its result or a
+    structured failure."""
     def failed(kind: str, message: str, detail: str) -> WorkerResult:
         return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
                             failure=Failure(kind=kind, message=message, detail=detail))
 
-    return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env)
+    return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env, cwd=cwd)

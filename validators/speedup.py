@@ -33,6 +33,9 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 * **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
   knobs, kernel sources, data, device, seed, threads); ``assert_sides`` raises if they do not match
   the incumbent and candidate the caller meant.
+* **Two code trees, if asked.** A side may run in its own ``root`` (a checkout of another revision:
+  the worker runs there and imports from it first), so the CI gate can time the same spec at two
+  revisions of the code side by side; a side's root is recorded with it.
 
 The statistics (``block_order``, ``block_medians``, ``paired_ratio``, ``bootstrap_ratio_ci``,
 ``decide``, ``analyse``, ``floor_from``) are pure functions, tested on synthetic timing distributions
@@ -162,6 +165,7 @@ class SideSummary(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict, description="the resolved config the worker reported")
     block_medians: list[float] = Field(default_factory=list, description="median step seconds of each block")
     cpus: list[int] | None = Field(None, description="the CPUs the worker reported it may run on")
+    root: str | None = Field(None, description="the code tree the worker ran in (None: the caller's)")
 
 
 class ABResult(BaseModel):
@@ -251,14 +255,16 @@ def _inherited_affinity(cpus: Sequence[int] | None) -> Iterator[None]:
 class _Worker:
     """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
 
-    def __init__(self, spec: WorkerRequest, label: str, request: Path, cpus: Sequence[int] | None):
+    def __init__(self, spec: WorkerRequest, label: str, request: Path, cpus: Sequence[int] | None,
+                 root: str | None = None):
         self.label = label
         request.write_text(spec.model_dump_json())
         self.stderr = open(request.with_suffix(".stderr"), "w+b")
         with _inherited_affinity(cpus):
             self.proc = subprocess.Popen([sys.executable, "-m", "validators.ab_worker", "--request", str(request)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                         env=scrubbed_env(), start_new_session=True, text=True, bufsize=1)
+                                         env=scrubbed_env(root=root), cwd=root, start_new_session=True,
+                                         text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -315,11 +321,14 @@ class _Worker:
 
 
 class ABRunner:
-    """Two live workers, started and warmed up together, always torn down on exit."""
+    """Two live workers, started and warmed up together, always torn down on exit; ``roots`` are the code
+    trees they run in (None: the caller's)."""
 
     def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
-                 labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None):
+                 labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
+                 roots: tuple[str | None, str | None] = (None, None)):
         self.specs, self.labels, self.timeout_s = {"a": a, "b": b}, dict(zip(("a", "b"), labels)), timeout_s
+        self.roots = dict(zip(("a", "b"), roots))
         self.cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
         self.workers: dict[str, _Worker] = {}
         self.ready: dict[str, dict[str, Any]] = {}
@@ -330,7 +339,7 @@ class ABRunner:
         try:
             for side, spec in self.specs.items():
                 self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
-                                             self.cpus)
+                                             self.cpus, self.roots[side])
             for side, worker in self.workers.items():
                 self.ready[side] = worker.receive(self.deadline, "ready line")
         except BaseException as exc:
@@ -358,22 +367,22 @@ class ABRunner:
 def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                label_a: str = "incumbent", label_b: str = "candidate", *,
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
-               cpus: Sequence[int] | None = None) -> ABResult:
-    """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``);
-    ``failed`` verdicts carry the failure."""
+               cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None)) -> ABResult:
+    """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``), each
+    in its code tree of ``roots`` (None: the caller's); ``failed`` verdicts carry the failure."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
     floor_value = floor.floor if isinstance(floor, NoiseFloor) else float(floor)
     start, order = time.monotonic(), block_order(blocks)
     times: dict[str, list[list[float]]] = {"a": [], "b": []}
-    sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec)
-             for s, label, spec in (("a", label_a, a), ("b", label_b, b))}
+    sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec, root=root)
+             for s, label, spec, root in (("a", label_a, a, roots[0]), ("b", label_b, b, roots[1]))}
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
     common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
                   order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples, cpus=cpus)
     try:
-        with ABRunner(a, b, timeout_s, (label_a, label_b), cpus) as runner:
+        with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
             for side in ("a", "b"):  # settle: the first block after warm-up pays first-touch costs
                 runner.run(side, steps_per_block)
             for side in order:
@@ -395,12 +404,13 @@ class CalibrationFailed(RuntimeError):
 
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                           repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
-                          cpus: Sequence[int] | None = None) -> NoiseFloor:
-    """Run A against A ``repeats`` times in fresh workers and set the floor from the worst run."""
+                          cpus: Sequence[int] | None = None, root: str | None = None) -> NoiseFloor:
+    """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
+    floor from the worst run."""
     runs = []
     for r in range(repeats):
         run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
-                         resamples=resamples, seed=seed + r, cpus=cpus)
+                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root))
         if run.failure is not None:
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
         runs.append(run)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +14,7 @@ from targets.protocol import ConfigError
 
 PLACEMENTS = ("device", "host", "cached")
 GRAD_MODES = ("dense", "sparse", "fused")
+BACKENDS = ("torch", "triton")
 CPU = torch.device("cpu")
 
 
@@ -27,13 +30,14 @@ class EmbeddingConfig:
     opt_state_cache_fraction: float = 0.2  # Adagrad-state cache rows / all rows (placement cached)
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)
+    backend: str = "torch"                 # triton: Triton pooling and fused update where the rows are on the device
     lr: float = 0.01
     eps: float = 1e-8
     init_std: float = 0.01
 
     def __post_init__(self) -> None:
         for name, choices in (("placement", PLACEMENTS), ("grad_mode", GRAD_MODES), ("cache_plan", PLANS),
-                              ("eviction", EVICTIONS)):
+                              ("eviction", EVICTIONS), ("backend", BACKENDS)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {getattr(self, name)!r}")
         if self.grad_mode == "dense" and self.placement != "device":
@@ -43,3 +47,27 @@ class EmbeddingConfig:
         if not all(0 < f <= 1 for f in fractions) or self.lr <= 0 or self.eps <= 0 or self.init_std < 0:
             raise ConfigError(f"cache fractions must lie in (0, 1], lr and eps be positive and init_std non-negative,"
                               f" not {fractions}, {self.lr}, {self.eps}, {self.init_std}")
+
+    @property
+    def autograd_tables(self) -> bool:
+        """Whether torch autograd forms the table gradient: dense, and sparse on the device with the torch
+        backend (embedding_bag's sparse gradient); every other mode forms row gradients itself."""
+        return self.grad_mode == "dense" or (self.grad_mode == "sparse" and self.placement == "device"
+                                              and self.backend == "torch")
+
+    @property
+    def triton_pooling(self) -> bool:
+        """Whether device-side pooling runs the Triton kernel. Not under grad mode dense, whose table
+        gradient is torch autograd's through embedding_bag (evaluation pools the same way, for consistency)."""
+        return self.backend == "triton" and self.grad_mode != "dense"
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """ConfigError unless the backend can run on `device`: Triton needs CUDA or its CPU interpreter."""
+    if backend != "triton":
+        return
+    interpreted = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+    if device.type != "cuda" and not interpreted:
+        raise ConfigError("embedding_backend triton needs a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigError("embedding_backend triton needs the triton package, which is not installed")

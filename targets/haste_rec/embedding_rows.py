@@ -1,11 +1,20 @@
 """Where the embedding rows and their Adagrad state live: on the device, on the host, or in a
-device cache over host tables with parameters and optimizer state cached independently."""
+device cache over host tables with parameters and optimizer state cached independently.
+
+The backend (EmbeddingConfig.backend) picks what runs on the device: torch's ops (``row_ops``) or
+the Triton kernels (``triton_embedding``). With triton, every pooling of device-resident rows runs
+the Triton kernel (device tables, the cache's slots, host rows gathered to the device), and grad
+mode fused updates device tables and cached rows with the Triton fused update; the host's parts
+(pooling on the host, host-side Adagrad, cache bookkeeping) and sparse mode's row gradients stay
+torch. Grad mode dense stays torch throughout: its table gradient is torch autograd's.
+"""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +29,33 @@ COUNTERS = tuple(f"{cache}_{what}" for cache in ("param", "state") for what in (
                  "bytes_d2h")) + ("lookup_bytes_h2d", "lookup_bytes_d2h")
 
 
+@dataclass
+class _Bags:
+    """A lookup as the Triton fused update needs it: the batch itself (the kernel sorts the ids)."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None
+
+
+def _pooling(cfg: EmbeddingConfig) -> Callable:
+    """pool(ids, rows, offsets, weights) on the device: row_ops.pool or the Triton kernel.
+
+    triton_embedding is imported only when asked for: triton reads TRITON_INTERPRET at import."""
+    if not cfg.triton_pooling:
+        return pool
+    from targets.haste_rec.triton_embedding import embedding_pool_forward
+    return lambda ids, rows, offsets, weights: embedding_pool_forward(ids, offsets, weights, rows)
+
+
+def _fused_kernel(cfg: EmbeddingConfig) -> Callable | None:
+    """The Triton in-place fused update (backend triton, grad mode fused, rows updated on the device), else None."""
+    if cfg.backend != "triton" or cfg.grad_mode != "fused" or cfg.placement == "host":
+        return None
+    from targets.haste_rec.triton_embedding import embedding_fused_update_
+    return embedding_fused_update_
+
+
 class _Rows(ABC):
     """All tables' rows: lookup without autograd, row-wise update, snapshot, traffic counters."""
 
@@ -28,12 +64,14 @@ class _Rows(ABC):
     def __init__(self, device: torch.device, cfg: EmbeddingConfig):
         self.device, self.cfg = device, cfg
         self.pinned = should_pin(cfg.pin_memory, device)
+        self.pool = _pooling(cfg)
+        self.fused_kernel = _fused_kernel(cfg)
         self.bytes_h2d = 0  # host-table lookup traffic (pooled vectors, rows, gradients), counted as
         self.bytes_d2h = 0  # what crosses to an accelerator, also when the compute device is the CPU
 
     @abstractmethod
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
-               record: bool) -> tuple[torch.Tensor, Lookup]: ...
+               record: bool) -> tuple[torch.Tensor, Lookup | _Bags]: ...
 
     @abstractmethod
     def update(self, rows: torch.Tensor | None, grads: torch.Tensor) -> None: ...
@@ -44,6 +82,13 @@ class _Rows(ABC):
 
     def row_grads(self, lookup: Lookup, grad_pooled: torch.Tensor) -> torch.Tensor:
         return row_gradients(grad_pooled.to(lookup.inverse.device), lookup)
+
+    def fused_update(self, lookup: Lookup, grad_pooled: torch.Tensor) -> torch.Tensor:
+        """Backward's gradient applied at once (grad mode fused); returns its squared norm (a 0-dim tensor)."""
+        grads = self.row_grads(lookup, grad_pooled)
+        sq = grads.pow(2).sum()
+        self.update(lookup.rows, grads)
+        return sq
 
     def counters(self) -> dict[str, float]:
         return dict.fromkeys(COUNTERS, 0.0) | {"lookup_bytes_h2d": self.bytes_h2d, "lookup_bytes_d2h": self.bytes_d2h}
@@ -59,7 +104,7 @@ class _DeviceRows(_Rows):
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig):
         super().__init__(device, cfg)
         self.index_device = device
-        self.weight = nn.Parameter(init.to(device), requires_grad=cfg.grad_mode != "fused")
+        self.weight = nn.Parameter(init.to(device), requires_grad=cfg.autograd_tables)
         self.state = torch.zeros(init.shape[0], 1, device=device)
 
     def autograd_pool(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -74,12 +119,20 @@ class _DeviceRows(_Rows):
         return coalesce_rows(g._indices()[0], g._values())
 
     def lookup(self, ids, offsets, weights, record):
+        if self.fused_kernel is not None:  # it sorts the ids itself: no unique here
+            return self.pool(ids, self.weight, offsets, weights), _Bags(ids, offsets, weights)
         lookup = make_lookup(ids, offsets, weights, self.device)
-        return pool(ids, self.weight, lookup.offsets, lookup.weights), lookup
+        return self.pool(ids, self.weight, lookup.offsets, lookup.weights), lookup
 
     @torch.no_grad()
     def update(self, rows, grads):
         apply_rowwise_adagrad_(self.weight, rows, self.state, rows, grads, self.cfg.lr, self.cfg.eps)
+
+    def fused_update(self, lookup, grad_pooled):
+        if self.fused_kernel is None:
+            return super().fused_update(lookup, grad_pooled)
+        return self.fused_kernel(lookup.ids, lookup.offsets, lookup.weights, grad_pooled, self.weight.detach(),
+                                 self.state, self.cfg.lr, self.cfg.eps).sum()
 
     def snapshot(self):
         return self.weight.detach().cpu().clone(), self.state.cpu().clone()
@@ -102,7 +155,7 @@ class _HostRows(_Rows):
         lookup = make_lookup(ids, offsets, weights, self.device)
         gathered = gather_to_device(self.weight, lookup.rows, self.device, self.pinned)  # each distinct row once
         self.bytes_h2d += gathered.numel() * gathered.element_size()
-        return pool(lookup.inverse, gathered, lookup.offsets, lookup.weights), lookup
+        return self.pool(lookup.inverse, gathered, lookup.offsets, lookup.weights), lookup
 
     def row_grads(self, lookup, grad_pooled):
         if self.cfg.pool_on_host:  # the pooled vectors' gradient goes down; rows are summed on the host
@@ -131,11 +184,24 @@ class _CachedRows(_Rows):
                                                 name) for host, caps, name in
                                     ((weight, capacities, "row cache"), (state, state_capacities, "state cache")))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
+        if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
+            self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
 
     def lookup(self, ids, offsets, weights, record):
         lookup = make_lookup(ids, offsets, weights, self.device)
         slots = self.params.prepare(lookup.rows, record)
-        return pool(slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
+        return self.pool(slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
+
+    def fused_update(self, lookup, grad_pooled):
+        """The Triton update over cache slots when one round fits both caches (it does whenever the caches
+        are planned with the batch's distinct rows as their floor, as the trainer plans them)."""
+        if self.fused_kernel is None or self._round_count(lookup.rows) > 1:
+            return super().fused_update(lookup, grad_pooled)
+        param_slots = self.params.prepare(lookup.rows, record=False)  # resident since the lookup
+        self.state_slot_of[param_slots] = self.states.prepare(lookup.rows, record=True)
+        return self.fused_kernel(param_slots[lookup.inverse], lookup.offsets, lookup.weights, grad_pooled,
+                                 self.params.device_rows, self.states.device_rows, self.cfg.lr, self.cfg.eps,
+                                 state_index=self.state_slot_of).sum()
 
     def update(self, rows, grads):
         rows, grads = rows.cpu(), grads.to(self.device)
@@ -149,10 +215,12 @@ class _CachedRows(_Rows):
         """Positions of `rows` in rounds that fit every table's caches: one round unless several
         backwards were accumulated; rows are distinct, so splitting changes no arithmetic."""
         bounds = self.params.bounds(rows)
-        rounds = max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(bounds, self.chunk))
-        for r in range(rounds):
+        for r in range(self._round_count(rows)):
             yield torch.cat([torch.arange(min(hi, lo + r * chunk), min(hi, lo + (r + 1) * chunk))
                              for (lo, hi), chunk in zip(bounds, self.chunk)])
+
+    def _round_count(self, rows: torch.Tensor) -> int:
+        return max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(self.params.bounds(rows), self.chunk))
 
     def snapshot(self):
         self.params.flush()

@@ -10,7 +10,8 @@ bit for bit or to a tight tolerance.
 
 All tables share one row space (`row_ops.TableLayout`), so a step pools, forms row gradients and
 updates with one operation each, whatever the number of tables. Placements live in
-`embedding_rows`; this module holds the autograd seam and the store the trainer uses.
+`embedding_rows` (which also says where `backend` triton runs Triton kernels); this module holds
+the autograd seam and the store the trainer uses.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from torch import nn
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.cache_plan import plan_capacities
-from targets.haste_rec.embedding_config import EmbeddingConfig
+from targets.haste_rec.embedding_config import EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
 from targets.haste_rec.row_ops import TableLayout, coalesce_rows
 
 
 class _RowGradLookup(torch.autograd.Function):
-    """Pooled lookup whose backward forms per-unique-row gradients and hands them to a sink.
+    """Pooled lookup whose backward hands the lookup record and d(pooled) to a sink, which forms the
+    per-row gradients (or, fused, applies them at once).
 
     The rows are not an autograd input (they may sit on the host or in a cache); `anchor`, an
     empty tensor that requires grad, puts the lookup into the graph so that backward runs.
@@ -42,7 +44,7 @@ class _RowGradLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_pooled):
-        ctx.sink(ctx.lookup.rows, ctx.rows.row_grads(ctx.lookup, grad_pooled))
+        ctx.sink(ctx.lookup, grad_pooled)
         return None, None, None, None, None, None
 
 
@@ -62,6 +64,7 @@ class EmbeddingStore(nn.Module):
         super().__init__()
         self.layout = TableLayout(tuple(int(r) for r in table_rows))
         self.dim, self.cfg, self.device = dim, cfg, torch.device(device)
+        check_backend(cfg.backend, self.device)
         self.cache_rows, self.state_cache_rows = self._plan(access_counts, max_unique_per_batch)
         self._rows = self._build(self.layout.initial_rows(dim, cfg.init_std, seed))
         self._anchor = torch.zeros(0, device=self.device, requires_grad=True)
@@ -86,15 +89,10 @@ class EmbeddingStore(nn.Module):
             return _HostRows(init, self.device, self.cfg)
         return _CachedRows(init, self.device, self.cfg, self.layout, self.cache_rows, self.state_cache_rows)
 
-    @property
-    def _autograd_tables(self) -> bool:
-        """dense, and sparse on the device: torch autograd forms the table gradient."""
-        return self.cfg.grad_mode == "dense" or (self.cfg.grad_mode == "sparse" and self.cfg.placement == "device")
-
     # -- forward / backward ---------------------------------------------------------------------
     def forward(self, batch: Batch) -> torch.Tensor:
         ids, offsets, weights = self.layout.flatten(batch, self._rows.index_device)
-        if self._autograd_tables:
+        if self.cfg.autograd_tables:
             pooled = self._rows.autograd_pool(ids, offsets, weights)
         elif not torch.is_grad_enabled():  # evaluation and probes: no gradient, not counted as cache traffic
             pooled = self._rows.lookup(ids, offsets, weights, record=False)[0]
@@ -103,12 +101,13 @@ class EmbeddingStore(nn.Module):
         tables, bags = len(self.layout.table_rows), batch.offsets[0].numel()
         return pooled.view(tables, bags, self.dim).transpose(0, 1).reshape(bags, tables * self.dim)
 
-    def _on_row_grads(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """Backward's per-row gradients: applied at once (fused) or kept for optimizer_step (sparse)."""
+    def _on_row_grads(self, lookup, grad_pooled: torch.Tensor) -> None:
+        """Backward's gradient: applied at once (fused) or kept as per-row gradients for optimizer_step (sparse)."""
         if self.cfg.grad_mode == "fused":
-            self._fused_sq.append(grads.pow(2).sum())
-            self._rows.update(rows, grads)
-        elif self._pending is None:
+            self._fused_sq.append(self._rows.fused_update(lookup, grad_pooled))
+            return
+        rows, grads = lookup.rows, self._rows.row_grads(lookup, grad_pooled)
+        if self._pending is None:
             self._pending = (rows, grads)
         else:  # several backwards before one step: merge, each row's gradients added once
             old_rows, old_grads = self._pending
@@ -116,7 +115,7 @@ class EmbeddingStore(nn.Module):
 
     def _gradient(self) -> tuple[torch.Tensor | None, torch.Tensor] | None:
         """(rows, or None for every row; their gradient) since zero_grad, or None if there is none."""
-        return self._rows.autograd_grads() if self._autograd_tables else self._pending
+        return self._rows.autograd_grads() if self.cfg.autograd_tables else self._pending
 
     # -- optimizer ------------------------------------------------------------------------------
     def optimizer_step(self) -> None:

@@ -5,16 +5,22 @@ HASTE (ICML 2026) splits the label space: the most frequent labels get an ordina
 input dims shared by its labels, so the tail costs K*G*F weights instead of n_tail*H. Groups are
 periodically rewired (lowest-magnitude fan-in dims pruned, random new ones grown).
 
-The tail runs on one of two backends: "torch" differentiates through the reference gather+einsum
+The tail runs on one of four backends: "torch" differentiates through the reference gather+einsum
 (the baseline), "slots" runs an autograd Function over the tail's kernel slots, so kernels that
-sg-opt swaps in (``kernels``) are used in training. Logits come in INTERNAL order: head labels,
-then the tail groups flattened k-major with padding columns; the label maps translate.
+sg-opt swaps in (``kernels``) are used in training; "triton" is "slots" with the Triton kernels
+(``triton_tail``) in the slots; "triton-fused-loss" also computes the tail's BCE loss and all its
+gradients in one fused pass (``tail_bce_loss``, ``FusedTailBCE``), so the tail's logits are never
+written in training (evaluation still reads them through the Triton slots). Triton is imported only
+when a Triton backend is built. Logits come in INTERNAL order: head labels, then the tail groups
+flattened k-major with padding columns; the label maps translate.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from typing import Callable, Mapping
+import os
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -22,7 +28,8 @@ from torch import nn
 from targets.protocol import ConfigError
 from targets.haste_rec.tail_slots import TORCH_TAIL_IMPLS, random_fan_in, tail_forward
 
-BACKENDS = ("torch", "slots")
+BACKENDS = ("torch", "slots", "triton", "triton-fused-loss")
+TRITON_BACKENDS = ("triton", "triton-fused-loss")
 
 
 # ----------------------------------------------------------------------------- slots backend
@@ -89,16 +96,63 @@ def _autocast_dtype(device: torch.device) -> torch.dtype | None:
     return None
 
 
-def _resolve_kernels(backend: str, kernels: Mapping[str, Callable] | None) -> dict[str, Callable]:
+class FusedTailBCE(torch.autograd.Function):
+    """The tail and its BCE loss in one Triton pass (``triton_fused_bce``): forward returns the loss and
+    keeps the gradients the pass computed; backward hands them back, scaled by the incoming gradient
+    (an in-place multiply: exact for the usual 1, one pass over dw; a second backward is refused)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
+                col_weight: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor, scale: float,
+                kernel_config: Any) -> torch.Tensor:
+        from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
+        loss, dh, dw, dbias = tail_fused_bce_triton(h, idx, w, bias, col_weight, rows, cols, scale,
+                                                    config=kernel_config)
+        ctx.grads = (dh, dw, dbias)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.grads is None:
+            raise RuntimeError("FusedTailBCE keeps one set of gradients: backward through it twice is not supported")
+        grads, ctx.grads = ctx.grads, None
+        dh, dw, dbias = (None if g is None or not need else g.mul_(grad)
+                         for g, need in zip(grads, ctx.needs_input_grad[:3]))
+        return dh, dw, dbias, None, None, None, None, None, None
+
+
+def check_backend_device(backend: str, device: torch.device | str) -> None:
+    """ConfigError unless the tail backend can run on the device (Triton needs CUDA or, on the CPU,
+    its interpreter, enabled by TRITON_INTERPRET=1 before the kernels are first imported)."""
+    if backend not in TRITON_BACKENDS:
+        return
+    device = torch.device(device)
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigError(f"tail_backend {backend} needs Triton, which is not installed")
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
+        from targets.haste_rec.triton_tail import interpreter_active
+        if interpreter_active():
+            return
+    raise ConfigError(f"tail_backend {backend} needs a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
+
+
+def _resolve_kernels(backend: str, kernels: Mapping[str, Callable] | None,
+                     kernel_config: Mapping[str, Any] | None) -> dict[str, Callable]:
     if backend not in BACKENDS:
         raise ConfigError(f"HASTE backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    if kernels and backend != "slots":
-        raise ConfigError("kernel overrides of the HASTE tail need backend 'slots'")
+    if kernels and backend not in ("slots", "triton"):
+        raise ConfigError("kernel overrides of the HASTE tail need backend 'slots' or 'triton'")
     unknown = sorted(set(kernels or {}) - set(TORCH_TAIL_IMPLS))
     if unknown:
         raise ConfigError(f"unknown HASTE tail kernel slot(s) {', '.join(unknown)}; "
                           f"known: {', '.join(TORCH_TAIL_IMPLS)}")
-    return {**TORCH_TAIL_IMPLS, **(kernels or {})}
+    base: Mapping[str, Callable] = TORCH_TAIL_IMPLS
+    if backend in TRITON_BACKENDS:
+        from targets.haste_rec.triton_tail import TailKernelConfig, triton_tail_impls
+        base = triton_tail_impls(TailKernelConfig(**(kernel_config or {})))
+    return {**base, **(kernels or {})}
 
 
 # ----------------------------------------------------------------------------- label maps
@@ -124,7 +178,9 @@ class HasteOutput(nn.Module):
 
     def __init__(self, hidden: int, tail_dims: int, head_labels: torch.Tensor, tail_groups: torch.Tensor,
                  fan_in: int, backend: str = "torch", kernels: Mapping[str, Callable] | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, kernel_config: Mapping[str, Any] | None = None) -> None:
+        """kernel_config: the Triton backends' tile config (``triton_tail.TailKernelConfig`` fields:
+        block_b, num_warps, num_stages; "auto" or absent = the shape rule)."""
         super().__init__()
         if tail_groups.dim() != 2 or tail_groups.shape[0] < 1:
             raise ConfigError("HASTE tail groups must be a [K, G] tensor with at least one group")
@@ -133,13 +189,18 @@ class HasteOutput(nn.Module):
         if not 0 < fan_in <= tail_dims:
             raise ConfigError(f"HASTE fan-in must lie in [1, {tail_dims}] (the tail dims), not {fan_in}")
         self.backend = backend
-        self.kernels = _resolve_kernels(backend, kernels)
+        self.kernel_config = None
+        if backend in TRITON_BACKENDS:
+            from targets.haste_rec.triton_tail import TailKernelConfig
+            self.kernel_config = TailKernelConfig(**(kernel_config or {}))
+        self.kernels = _resolve_kernels(backend, kernels, kernel_config)
         self.hidden, self.tail_dims, self.fan_in = hidden, tail_dims, fan_in
         groups, size = tail_groups.shape
         internal_label, position = _label_maps(head_labels, tail_groups)
         self.register_buffer("internal_label", internal_label, persistent=False)
         self.register_buffer("internal_position", position, persistent=False)
         self.register_buffer("valid_mask", internal_label >= 0, persistent=False)
+        self._tail_padded = bool((tail_groups < 0).any())
 
         generator = torch.Generator().manual_seed(seed)
         self.register_buffer("tail_index", random_fan_in(groups, tail_dims, fan_in, generator).sort(dim=1).values)
@@ -197,6 +258,24 @@ class HasteOutput(nn.Module):
         with torch.autocast(h.device.type, enabled=False):
             z = SlotTail.apply(h.to(dtype), self.tail_weight.to(dtype), None, self.tail_index, self.kernels)
             return (z.reshape(h.shape[0], *self.tail_bias.shape) + self.tail_bias).reshape(z.shape)
+
+    def tail_bce_loss(self, h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, scale: float) -> torch.Tensor:
+        """scale * the tail's BCE-with-logits loss summed over its valid columns (backend
+        triton-fused-loss), fused with its gradients: the tail's logits are never written.
+
+        h: [B, H] (the tail reads its first tail_dims dims); rows, cols int64 [P]: the positives as
+        (batch row, tail column in internal tail order); pairs whose column lies outside the tail
+        are ignored. Under autocast the products run in its dtype and the bias in fp32, as in ``_tail``.
+        """
+        if self.backend != "triton-fused-loss":
+            raise ConfigError(f"the fused tail loss needs tail_backend triton-fused-loss, not {self.backend}")
+        h = h[:, :self.tail_dims]
+        dtype = _autocast_dtype(h.device)
+        col_weight = self.valid_mask[self.n_head:].reshape(self.tail_bias.shape).float() if self._tail_padded else None
+        with torch.autocast(h.device.type, enabled=False):
+            x = h if dtype is None else h.to(dtype)
+            return FusedTailBCE.apply(x, self.tail_weight, self.tail_bias, self.tail_index, col_weight, rows, cols,
+                                      scale, self.kernel_config)
 
     # ------------------------------------------------------------------------- rewiring
 

@@ -16,10 +16,24 @@ KNOBS = (
     Knob("precision", "choice", "fp32", category="precision", numerics="precision",
          choices=("fp32", "bf16-autocast", "bf16"),
          why="fp32 is the safe first choice; bf16 halves bytes and uses the tensor cores, at a bounded loss of precision"),
+    # The tail backends compute the same products in the dtype the precision knob chose (fp32 Triton
+    # products use IEEE fp32, never TF32), so switching backend only reassociates sums: "reorder".
+    # Running the tail in bf16 is a change of precision and stays the precision knob's business.
     Knob("tail_backend", "choice", "torch", category="kernel", numerics="reorder",
-         choices=("torch", "slots"),
+         choices=("torch", "slots", "triton", "triton-fused-loss"),
          why="torch: autograd through gather+einsum, simple and obviously right; slots: the tail's forward and "
-             "backward products as replaceable kernel slots (torch references unless a kernel replaces them)"),
+             "backward products as replaceable kernel slots (torch references unless a kernel replaces them); "
+             "triton: the slots as Triton gather-GEMM kernels, deterministic; triton-fused-loss: also fuses the "
+             "tail's BCE loss and all its gradients into one pass, so the B x L logits are never written"),
+    Knob("tail_block_b", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 16, 32, 64, 128),
+         why="batch rows per tile of the Triton tail kernels (tl.dot's M): larger tiles reuse each group's weights "
+             "more but hold more registers; it sets the chunking of the weight-gradient sums (auto: a fixed shape rule)"),
+    Knob("tail_num_warps", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 2, 4, 8),
+         why="warps per program of the Triton tail kernels: more warps hide more latency but can change the MMA "
+             "instruction (auto: a fixed shape rule)"),
+    Knob("tail_num_stages", "choice", "auto", category="kernel", numerics="exact", choices=("auto", 1, 2, 3, 4),
+         why="software-pipelining depth of the Triton tail kernels' batch loop: deeper stages prefetch the next "
+             "gathered tile while the current one multiplies, at the cost of shared memory; no change to the sums"),
     Knob("embedding_placement", "choice", "device", category="embedding", numerics="reorder",
          choices=("device", "host", "cached"),
          why="device is simplest while the tables fit in device memory; host frees it; cached keeps the hot rows "
@@ -28,6 +42,11 @@ KNOBS = (
          choices=("dense", "sparse", "fused"),
          why="dense is plain autograd on nn.Parameter tables, a table-sized gradient every step; sparse and fused "
              "touch only the rows a batch used (fused applies row-wise Adagrad inside backward)"),
+    Knob("embedding_backend", "choice", "torch", category="kernel", numerics="reorder",
+         choices=("torch", "triton"),
+         why="torch: embedding_bag and a dozen small row ops; triton: one pooling kernel over all tables (device "
+             "rows, cache slots, host rows gathered to the device) and, with grad mode fused, one fused "
+             "backward + row-wise Adagrad over the touched rows (device or cached); grad mode dense stays torch"),
     Knob("embedding_cache_fraction", "float", 0.2, category="embedding", numerics="exact", low=0.01, high=1.0,
          why="rows the device cache holds, as a share of all rows (placement cached): more hits, more device memory"),
     Knob("embedding_cache_plan", "choice", "uniform", category="embedding", numerics="exact",

@@ -15,7 +15,7 @@ from torch import nn
 from targets.haste_rec.data import SyntheticData, SyntheticSpec
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
 from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
-from targets.haste_rec.haste import HasteOutput
+from targets.haste_rec.haste import HasteOutput, check_backend_device
 from targets.haste_rec.knobs import PRESET
 from targets.haste_rec.sizes import HasteRecSize
 
@@ -85,12 +85,19 @@ def embedding_config(config: Mapping[str, Any]) -> EmbeddingConfig:
         pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"])
 
 
+def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The Triton tail's tile config from the tail_* kernel knobs (used by the Triton backends only)."""
+    return {"block_b": config["tail_block_b"], "num_warps": config["tail_num_warps"],
+            "num_stages": config["tail_num_stages"]}
+
+
 class HasteRecModel(nn.Module):
     """Embeddings, encoder and output layer; the session drives them phase by phase."""
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
                  device: torch.device, seed: int):
         super().__init__()
+        check_backend_device(config["tail_backend"], device)  # before any set-up work
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config)
         counts = data.id_access_counts(PLAN_BATCHES) if emb_cfg.placement == "cached" else None
@@ -103,5 +110,6 @@ class HasteRecModel(nn.Module):
         self.encoder = Encoder(in_dim, size.encoder_hidden, size.hidden).to(device)
         head, groups = label_layout(data, config["grouping"], shape, seed, size.batch_size)
         self.output = HasteOutput(size.hidden, size.hidden, head, groups, shape.fan_in,
-                                  backend=config["tail_backend"], kernels=kernels, seed=seed).to(device)
+                                  backend=config["tail_backend"], kernels=kernels, seed=seed,
+                                  kernel_config=tail_kernel_config(config)).to(device)
         self.shape = shape

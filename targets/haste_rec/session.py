@@ -3,7 +3,9 @@ deterministic probe, gradient norms, parameter digest and held-out quality the w
 
 Optimizers follow HASTE: Adam for the encoder, SGD with momentum for the output layer, row-wise
 Adagrad for the embedding tables (owned by the embedding store). The loss is BCE summed over all
-labels and averaged over the batch.
+labels and averaged over the batch. Under tail_backend triton-fused-loss the step computes the
+same loss without the tail's logits: the head's BCE as usual, plus the tail's from the fused
+kernel, which also yields the tail's gradients (so its "tail" phase holds part of the backward).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class HasteRecSession:
         self._grad_norms: dict[str, float] = {}
         self.valid = out.valid_mask.to(device)
         self.position = out.internal_position.to(device)
+        self.fused_tail_loss = config["tail_backend"] == "triton-fused-loss"
 
     # -- the step ------------------------------------------------------------------------------
     def _cast_context(self):
@@ -77,23 +80,41 @@ class HasteRecSession:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _targets(self, batch: Batch, columns: int) -> torch.Tensor:
-        """Dense 0/1 targets in the output layer's internal column order."""
+    def _positives(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch row, internal column) of every positive label of the batch."""
         counts = batch.label_offsets[1:] - batch.label_offsets[:-1]
         rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=counts.device), counts)
+        return rows, self.position[batch.labels]
+
+    def _targets(self, batch: Batch, columns: int) -> torch.Tensor:
+        """Dense 0/1 targets in the output layer's internal column order."""
+        rows, cols = self._positives(batch)
         targets = torch.zeros(batch.batch_size, columns, device=self.device)
-        targets[rows, self.position[batch.labels]] = 1.0
+        targets[rows, cols] = 1.0
         return targets
+
+    def _head_targets(self, rows: torch.Tensor, cols: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Dense 0/1 targets of the head's columns only (tail positives land in a dropped extra column:
+        no data-dependent shape, so no device sync)."""
+        n_head = self.model.output.n_head
+        targets = torch.zeros(batch_size, n_head + 1, device=self.device)
+        targets[rows, cols.clamp(max=n_head)] = 1.0
+        return targets[:, :n_head]
+
+    def _hidden(self, batch: Batch) -> torch.Tensor:
+        """The encoder's output h [B, H] (call inside the cast context)."""
+        phase = self.timer
+        with phase("embed"):
+            pooled = self.model.embeddings(batch)
+        with phase("encoder"):
+            x = torch.cat([pooled, batch.dense], dim=1).to(self.compute_dtype)
+            return self.encoder(x)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [B, internal columns] for a batch, each part in its phase."""
         phase = self.timer
         with self._cast_context():
-            with phase("embed"):
-                pooled = self.model.embeddings(batch)
-            with phase("encoder"):
-                x = torch.cat([pooled, batch.dense], dim=1).to(self.compute_dtype)
-                h = self.encoder(x)
+            h = self._hidden(batch)
             with phase("head"):
                 head = self.model.output.head_logits(h)
             with phase("tail"):
@@ -105,13 +126,32 @@ class HasteRecSession:
         total = F.binary_cross_entropy_with_logits(logits.float(), targets, weight=self.valid.float(), reduction="sum")
         return total / batch.batch_size
 
+    def fused_loss(self, batch: Batch) -> torch.Tensor:
+        """``loss(forward(batch), batch)`` under tail_backend triton-fused-loss: the head's BCE from its
+        logits, the tail's from the fused kernel (same sum over valid columns, divided by B)."""
+        phase, out = self.timer, self.model.output
+        with self._cast_context():
+            h = self._hidden(batch)
+            with phase("head"):
+                head = out.head_logits(h)
+            with phase("tail"):
+                rows, cols = self._positives(batch)
+                tail = out.tail_bce_loss(h, rows, cols - out.n_head, 1.0 / batch.batch_size)
+        with phase("loss"):
+            head_targets = self._head_targets(rows, cols, batch.batch_size)
+            head_total = F.binary_cross_entropy_with_logits(head.float(), head_targets, reduction="sum")
+            return head_total / batch.batch_size + tail
+
     def step(self) -> torch.Tensor:
         phase = self.timer
         with phase("data"):
             batch = next(self.batches)
-        logits = self.forward(batch)
-        with phase("loss"):
-            loss = self.loss(logits, batch)
+        if self.fused_tail_loss:
+            loss = self.fused_loss(batch)
+        else:
+            logits = self.forward(batch)
+            with phase("loss"):
+                loss = self.loss(logits, batch)
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import torch
+import torch.nn.functional as F_nn
 
 from targets.protocol import FlopsBytes, KernelSlot
 
@@ -54,6 +55,40 @@ def tail_backward_input(dz: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, Ht
 def perlabel_forward(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Per-label fixed fan-in (Spartex-style): z[b, l] = sum_f h[b, idx[l, f]] * w[l, f]."""
     return torch.einsum("blf,lf->bl", h[:, idx], w)
+
+
+def perlabel_backward_weight(dz: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """dw[l, f] = sum_b dz[b, l] * h[b, idx[l, f]]: perlabel_forward's weight gradient, [L, F]."""
+    return torch.einsum("bl,blf->lf", dz, h[:, idx])
+
+
+def perlabel_backward_input(dz: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, Ht: int) -> torch.Tensor:
+    """dh[b, d] = sum over (l, f) with idx[l, f] == d of dz[b, l] * w[l, f]: perlabel_forward's input gradient."""
+    dx = torch.einsum("bl,lf->blf", dz, w)
+    dh = dz.new_zeros(dz.shape[0], Ht)
+    return dh.index_add_(1, idx.reshape(-1), dx.reshape(dz.shape[0], -1))
+
+
+def tail_fused_bce(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                   col_weight: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The tail's BCE loss and its gradients, as the trainer computes them without fusion.
+
+    z = tail_forward(h, idx, w, bias) [B, K*G]; targets y[b, c] = 1 where some p has
+    (rows[p], cols[p]) == (b, c) (cols in the tail's column numbering k*G + g), else 0;
+    loss = scale * sum_{b,c} col_weight[c] * BCEWithLogits(z[b, c], y[b, c]) (col_weight [K, G],
+    None = all ones). Returns (loss 0-dim, dh [B, Ht], dw [K, G, F], dbias [K, G] or None).
+    """
+    leaves = [t.detach().requires_grad_(True) for t in (h, w)]
+    leaves += [] if bias is None else [bias.detach().requires_grad_(True)]
+    with torch.enable_grad():
+        z = tail_forward(leaves[0], idx, leaves[1], leaves[2] if bias is not None else None)
+        y = torch.zeros_like(z)
+        y[rows, cols] = 1.0
+        weight = None if col_weight is None else col_weight.reshape(-1).to(z.dtype)
+        loss = F_nn.binary_cross_entropy_with_logits(z, y, weight=weight, reduction="sum") * scale
+        grads = torch.autograd.grad(loss, leaves)
+    return loss.detach(), grads[0], grads[1], grads[2] if bias is not None else None
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -114,6 +149,21 @@ def perlabel_forward_inputs(shape: Mapping[str, int], dtype: torch.dtype, device
     return h, idx, w
 
 
+def tail_fused_bce_inputs(shape: Mapping[str, int], dtype: torch.dtype, device: torch.device | str,
+                          generator: torch.Generator) -> tuple:
+    """(h, idx, w, bias, col_weight, rows, cols, scale): P positives at random (row, column) pairs
+    (repeats allowed: a label listed twice is still one positive), a quarter of the columns weighted
+    0 when ``weight`` (the trainer's padding columns), scale 1/B (the trainer's mean over the batch)."""
+    h, idx, w, bias = tail_forward_inputs(shape, dtype, device, generator)
+    B, K, G, P = shape["B"], shape["K"], shape["G"], shape["P"]
+    col_weight = None
+    if shape.get("weight", 1):
+        col_weight = (torch.rand(K, G, generator=generator, device=generator.device) >= 0.25).float().to(device)
+    rows = torch.randint(0, B, (P,), generator=generator, device=generator.device).to(device)
+    cols = torch.randint(0, K * G, (P,), generator=generator, device=generator.device).to(device)
+    return h, idx, w, bias, col_weight, rows, cols, 1.0 / B
+
+
 # ----------------------------------------------------------------------------- cost models
 # e = bytes per element of dtype; indices are int64 (8 bytes). Bytes are the fewest a kernel must
 # move: each input read once, each output written once.
@@ -155,6 +205,38 @@ def perlabel_forward_cost(shape: Mapping[str, int], dtype: torch.dtype) -> Flops
     # bytes = e*B*Ht (h) + 8*L*F (idx) + e*L*F (w) + e*B*L (z)
     nbytes = e * B * Ht + INDEX_BYTES * L * F + e * L * F + e * B * L
     return FlopsBytes(float(2 * B * L * F), float(nbytes))
+
+
+def perlabel_backward_weight_cost(shape: Mapping[str, int], dtype: torch.dtype) -> FlopsBytes:
+    B, Ht, L, F = (shape[k] for k in ("B", "Ht", "L", "F"))
+    e = dtype.itemsize
+    # flops = 2*B*L*F; bytes = e*B*L (dz) + e*B*Ht (h) + 8*L*F (idx) + e*L*F (dw)
+    nbytes = e * B * L + e * B * Ht + INDEX_BYTES * L * F + e * L * F
+    return FlopsBytes(float(2 * B * L * F), float(nbytes))
+
+
+def perlabel_backward_input_cost(shape: Mapping[str, int], dtype: torch.dtype) -> FlopsBytes:
+    B, Ht, L, F = (shape[k] for k in ("B", "Ht", "L", "F"))
+    e = dtype.itemsize
+    # flops = 2*B*L*F (one multiply-add per slot and row); bytes = e*B*L (dz) + 8*L*F (idx) + e*L*F (w) + e*B*Ht (dh)
+    nbytes = e * B * L + INDEX_BYTES * L * F + e * L * F + e * B * Ht
+    return FlopsBytes(float(2 * B * L * F), float(nbytes))
+
+
+def tail_fused_bce_cost(shape: Mapping[str, int], dtype: torch.dtype) -> FlopsBytes:
+    """The fused tail + loss never writes the B x K*G logits: its floor is the weights and their gradient."""
+    B, Ht, K, G, F, P = (shape[k] for k in ("B", "Ht", "K", "G", "F", "P"))
+    bias = 1 if shape.get("bias", 1) else 0
+    weight = 1 if shape.get("weight", 1) else 0
+    e = dtype.itemsize
+    # flops = 3 * 2*B*K*G*F (logits, dw, dx) + B*K*F (dx summed onto dh) + bias*B*K*G (bias add);
+    # the loss and sigmoid per logit are not counted (transcendentals, not multiply-adds)
+    flops = 6 * B * K * G * F + B * K * F + bias * B * K * G
+    # bytes = e*B*Ht (h) + 8*K*F (idx) + e*K*G*F (w) + bias*e*K*G (bias) + weight*4*K*G (fp32 column weights)
+    #       + 16*P (int64 rows, cols) + e*K*G*F (dw) + e*B*Ht (dh) + bias*e*K*G (dbias) + 4 (fp32 loss)
+    nbytes = (2 * e * B * Ht + INDEX_BYTES * K * F + 2 * e * K * G * F + 2 * bias * e * K * G
+              + weight * 4 * K * G + 2 * INDEX_BYTES * P + 4)
+    return FlopsBytes(float(flops), float(nbytes))
 
 
 # ----------------------------------------------------------------------------- slots

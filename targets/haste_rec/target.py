@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import synthetic_data
 from targets.haste_rec.session import PHASES, HasteRecSession
@@ -47,7 +48,7 @@ TARGET = Target(
     knob_space=KNOB_SPACE,
     sizes=tuple(SIZES),
     build=build,
-    kernel_slots=TAIL_SLOTS,
+    kernel_slots=TAIL_SLOTS + EMBEDDING_SLOTS,
     phases=PHASES,
     default_size="small",
     data_formats=("xc",),

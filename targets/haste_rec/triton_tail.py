@@ -1,31 +1,41 @@
-"""Triton kernels for the HASTE tail's kernel slots (``tail_slots.tail_forward`` and
-``tail_slots.tail_backward_weight``), written Triton-tutorial style: one kernel and one launcher each.
+"""Triton kernels for the HASTE tail (Triton-tutorial style: kernel, launcher, shape contract and
+cost side by side), and what every tail kernel module shares: the tile config, the jit helpers,
+the shape checks and the registry of slot implementations.
 
 Layout: K groups of G labels; group k reads the F input dims ``idx[k]`` of h [B, Ht] and owns the
-weights ``w[k]`` [G, F]. Both kernels give one program a whole group's [G, F] weight tile (G and F
-padded to powers of two >= 16 with masks, since ``tl.dot`` needs tile dims >= 16), so each group's
-F indices are loaded once per program and the gather of h happens in registers.
+weights ``w[k]`` [G, F]. Every "group-tile" kernel (these two, the input gradient's first pass in
+``triton_tail_backward``, the fused loss in ``triton_fused_bce``) gives one program a whole group:
+its F indices and its [G, F] weight tile are loaded once, then the program walks the batch in
+BLOCK_B-row chunks, gathering the chunk's [BLOCK_B, F] slice of h into registers for ``tl.dot``
+(G and F padded to powers of two >= 16 with masks: ``tl.dot`` needs tile dims >= 16). A [B, K, F]
+gathered tensor never exists in memory.
 
-- forward: grid (ceil(B / BLOCK_B), K); z[b, kG:(k+1)G] = H[b, I_k] @ W_k^T + bias_k.
+Why h is read column-major: a row-major h [B, Ht] scatters a group's F picks over every 32-byte
+sector of each row (~36 of 48 sectors per row at Ht=768, F=64: 9x the bytes used). The launchers
+hand the kernels a column-major copy (0.4 MB at B=256, H=768), so each picked dim is one
+contiguous run of BLOCK_B rows; the kernels only see strides, so any layout stays correct.
+
+- forward: grid (K,); z[b, kG:(k+1)G] = H[b, I_k] @ W_k^T + bias_k, chunk by chunk.
 - backward weight: grid (K,); dw[k] = sum over B chunks of dZ_k^T [G, BLOCK_B] @ H[:, I_k] [BLOCK_B, F].
 
 Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` so
-results match fp32 references (no TF32).
+results match fp32 references (no TF32). Both kernels are deterministic: every output element is
+written by one program, summed in a fixed order.
 
 FLOP/byte model: the minimum traffic and work are ``tail_slots.tail_forward_cost`` and
-``tail_slots.tail_backward_weight_cost`` (2*B*K*G*F flops each; h read once, idx read once, w/dw
-and z/dz once). What these kernels actually move: the forward reads idx once per (B block, group),
-so idx and w traffic is multiplied by ceil(B / BLOCK_B), and the gather of h is cache-served (each
-row of h is read K*F/Ht times from L2 on average); the backward reads each group's columns of h and
-dz once (h gathered K*F/Ht times in total from L2), idx and dw exactly once.
+``tail_slots.tail_backward_weight_cost``. What these kernels move on top: the gather of h is
+L2-served (h is read K*F/Ht times from L2, in whole sectors thanks to the column-major copy), plus
+the 2*e*B*Ht bytes of that copy; idx, w, z, dz and dw move exactly once.
 
-Limits: G and F must each fit one tile (padded to <= 256 here: register pressure), which covers
-the shipped shapes (G <= 32, F <= 64). bf16 works on GPU; Triton's CPU interpreter computes bf16
-wrongly, so the tests cover fp32 and fp16 only.
+Limits: G and F must each fit one tile (padded to <= 256: register pressure), which covers the
+shipped shapes (G <= 64, F <= 128). bf16 works on GPU; Triton's CPU interpreter computes bf16
+wrongly, so the CPU tests cover fp32 and fp16 only.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -33,6 +43,7 @@ import triton
 import triton.language as tl
 
 MAX_TILE = 256  # largest padded G or F one program holds
+AUTO = "auto"
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -41,44 +52,75 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-# ----------------------------------------------------------------------------- forward
+# ----------------------------------------------------------------------------- tile config
+
+@dataclass(frozen=True)
+class TailKernelConfig:
+    """Meta-parameters of the group-tile kernels (knobs tail_block_b, tail_num_warps, tail_num_stages).
+
+    "auto" resolves by a fixed rule of the shape (``resolve``), never by timing, so a config gives
+    the same bits on every run. BLOCK_B sets the batch chunking of the weight-gradient and loss sums
+    (their float association) and num_warps can change the MMA instruction, so both are "reorder"
+    knobs; num_stages only changes how far loads run ahead, not the arithmetic.
+    """
+
+    block_b: int | str = AUTO
+    num_warps: int | str = AUTO
+    num_stages: int | str = AUTO
+
+    def resolve(self, batch: int, size: int, fan_in: int) -> tuple[int, int, int]:
+        """(BLOCK_B, num_warps, num_stages) for B, G, F."""
+        tile = _pad(size) * _pad(fan_in)
+        block_b = (64 if tile <= 64 * 64 else 32) if self.block_b == AUTO else int(self.block_b)
+        num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
+        num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)
+        return _pad(min(block_b, max(batch, 1))), num_warps, num_stages
+
+
+DEFAULT_CONFIG = TailKernelConfig()
+
+
+def interpreter_active() -> bool:
+    """Whether these kernels run on Triton's CPU interpreter (decided when ``triton.jit`` ran, i.e.
+    whether TRITON_INTERPRET=1 was set before this module was first imported)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(_tail_forward_kernel, InterpretedFunction)
+
+
+# ----------------------------------------------------------------------------- jit helpers
 
 @triton.jit
-def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
-                         B, G, F,
-                         stride_hb, stride_hh, stride_zb,
-                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                         BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
-    pid_b = tl.program_id(0)
-    k = tl.program_id(1).to(tl.int64)
+def _mm(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b, fp32 accumulation; IEEE keeps fp32 inputs out of TF32."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
 
-    rows = pid_b.to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+
+@triton.jit
+def _load_tile(ptr, offs_r, offs_c, stride_r, stride_c, mask_r, mask_c):
+    """The [R, C] tile ptr[offs_r * stride_r + offs_c * stride_c], zero outside the masks."""
+    return tl.load(ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+                   mask=mask_r[:, None] & mask_c[None, :], other=0.0)
+
+
+@triton.jit
+def _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Group k's fan-in dims [BLOCK_F] and weight tile W_k [BLOCK_G, BLOCK_F], with their offsets and masks."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_f = tl.arange(0, BLOCK_F)
-    mask_b = rows < B
     mask_g = offs_g < G
     mask_f = offs_f < F
-
-    # the group's F indices, loaded once
     cols = tl.load(idx_ptr + k * F + offs_f, mask=mask_f, other=0)
-    # gathered h tile [BLOCK_B, BLOCK_F]
-    h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hh,
-                mask=mask_b[:, None] & mask_f[None, :], other=0.0)
-    # W_k tile [BLOCK_G, BLOCK_F]
-    w = tl.load(w_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :],
-                mask=mask_g[:, None] & mask_f[None, :], other=0.0)
-    if IEEE:
-        acc = tl.dot(h, tl.trans(w), input_precision="ieee")
-    else:
-        acc = tl.dot(h, tl.trans(w))
-    if HAS_BIAS:
-        b = tl.load(bias_ptr + k * G + offs_g, mask=mask_g, other=0.0).to(tl.float32)
-        acc += b[None, :]
-    z_ptrs = z_ptr + rows[:, None] * stride_zb + k * G + offs_g[None, :]
-    tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask_b[:, None] & mask_g[None, :])
+    w = _load_tile(w_ptr + k * G * F, offs_g, offs_f, F, 1, mask_g, mask_f)
+    return cols, w, offs_g, offs_f, mask_g, mask_f
 
 
-def _check_common(h: torch.Tensor, idx: torch.Tensor) -> None:
+# ----------------------------------------------------------------------------- shared checks
+
+def check_h_idx(h: torch.Tensor, idx: torch.Tensor) -> None:
     if h.dim() != 2:
         raise ValueError(f"h must be [B, Ht], got shape {tuple(h.shape)}")
     if h.dtype not in _SUPPORTED:
@@ -89,42 +131,93 @@ def _check_common(h: torch.Tensor, idx: torch.Tensor) -> None:
         raise ValueError("idx and h must be on the same device")
 
 
+def check_operand(t: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor, what: str,
+                  any_float: bool = False) -> None:
+    """t has ``shape`` and lies on like's device with like's dtype (any supported float if any_float)."""
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what} must be {list(shape)}, got {tuple(t.shape)}")
+    if t.device != like.device or (t.dtype not in _SUPPORTED if any_float else t.dtype != like.dtype):
+        raise ValueError(f"{what} is {t.dtype} on {t.device}; expected {like.dtype} on {like.device}")
+
+
+def check_tiles(size: int, fan_in: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_F), or ValueError when a group's tile does not fit one program."""
+    block_g, block_f = _pad(size), _pad(fan_in)
+    if block_g > MAX_TILE or block_f > MAX_TILE:
+        raise ValueError(f"G={size} and F={fan_in} must each pad to at most {MAX_TILE}")
+    return block_g, block_f
+
+
+def groups_of(dz: torch.Tensor, h_like: torch.Tensor, idx: torch.Tensor) -> int:
+    """G from dz [B, K*G], checking dz against h's batch, dtype and device."""
+    if dz.dim() != 2 or dz.shape[0] != h_like.shape[0]:
+        raise ValueError(f"dz must be [B, K*G] with B = {h_like.shape[0]}, got {tuple(dz.shape)}")
+    if dz.dtype != h_like.dtype or dz.device != h_like.device:
+        raise ValueError("dz must share h's dtype and device")
+    groups = idx.shape[0]
+    if groups == 0 or dz.shape[1] % groups:
+        raise ValueError(f"dz's {dz.shape[1]} columns are not a multiple of K = {groups}")
+    return dz.shape[1] // groups
+
+
+def column_major(x: torch.Tensor) -> torch.Tensor:
+    """x [R, C] with unit stride between rows (the same values): a gather of columns then reads
+    contiguous runs of rows."""
+    if x.shape[0] <= 1 or x.stride(0) == 1:
+        return x
+    return x.t().contiguous().t()
+
+
+# ----------------------------------------------------------------------------- forward
+
+@triton.jit
+def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
+                         B, G, F,
+                         stride_hb, stride_hh, stride_zb,
+                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                         BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
+    k = tl.program_id(0).to(tl.int64)
+    cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
+    wt = tl.trans(w)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + k * G + offs_g, mask=mask_g, other=0.0).to(tl.float32)
+    for start in range(0, B, BLOCK_B):
+        rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
+        mask_b = rows < B
+        h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
+        acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), IEEE)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        tl.store(z_ptr + rows[:, None] * stride_zb + k * G + offs_g[None, :],
+                 acc.to(z_ptr.dtype.element_ty), mask=mask_b[:, None] & mask_g[None, :])
+
+
 def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                        bias: torch.Tensor | None = None, block_b: int = 64) -> torch.Tensor:
+                        bias: torch.Tensor | None = None, config: TailKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """z [B, K*G] with z[b, k*G + g] = sum_f h[b, idx[k, f]] * w[k, g, f] + bias[k, g].
 
     Contract as ``tail_slots.tail_forward``; cost model ``tail_slots.tail_forward_cost``.
     """
-    _check_common(h, idx)
+    check_h_idx(h, idx)
     if w.dim() != 3:
         raise ValueError(f"w must be [K, G, F], got shape {tuple(w.shape)}")
     K, G, F = w.shape
-    if tuple(idx.shape) != (K, F):
-        raise ValueError(f"idx shape {tuple(idx.shape)} does not match w's (K, F) = {(K, F)}")
-    if w.dtype != h.dtype or w.device != h.device:
-        raise ValueError("w must share h's dtype and device")
+    check_operand(idx, (K, F), idx, "idx (to match w's K and F)")
+    check_operand(w, (K, G, F), h, "w")
     if bias is not None:
-        if tuple(bias.shape) != (K, G):
-            raise ValueError(f"bias must be [K, G] = {(K, G)}, got {tuple(bias.shape)}")
-        if bias.dtype != h.dtype or bias.device != h.device:
-            raise ValueError("bias must share h's dtype and device")
-    BLOCK_G, BLOCK_F = _pad(G), _pad(F)
-    if BLOCK_G > MAX_TILE or BLOCK_F > MAX_TILE:
-        raise ValueError(f"G={G} and F={F} must each pad to at most {MAX_TILE}")
+        check_operand(bias, (K, G), h, "bias")
+    BLOCK_G, BLOCK_F = check_tiles(G, F)
     B = h.shape[0]
     z = torch.empty((B, K * G), dtype=h.dtype, device=h.device)
     if B == 0 or K * G == 0:
         return z
-    idx = idx.contiguous()
-    w = w.contiguous()
-    bias_arg = bias.contiguous() if bias is not None else w  # dummy pointer, never read
-    BLOCK_B = _pad(min(block_b, B))
-    grid = (triton.cdiv(B, BLOCK_B), K)
-    _tail_forward_kernel[grid](
-        h, idx, w, bias_arg, z, B, G, F,
+    h = column_major(h)
+    block_b, num_warps, num_stages = config.resolve(B, G, F)
+    _tail_forward_kernel[(K,)](
+        h, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(), z, B, G, F,
         h.stride(0), h.stride(1), z.stride(0),
         HAS_BIAS=bias is not None, IEEE=h.dtype == torch.float32,
-        BLOCK_B=BLOCK_B, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F)
+        BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return z
 
 
@@ -141,59 +234,50 @@ def _tail_backward_weight_kernel(dz_ptr, h_ptr, idx_ptr, dw_ptr,
     offs_f = tl.arange(0, BLOCK_F)
     mask_g = offs_g < G
     mask_f = offs_f < F
-
     cols = tl.load(idx_ptr + k * F + offs_f, mask=mask_f, other=0)
     acc = tl.zeros((BLOCK_G, BLOCK_F), dtype=tl.float32)
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        # dZ_k^T tile [BLOCK_G, BLOCK_B]
-        dzt = tl.load(dz_ptr + rows[None, :] * stride_db + (k * G + offs_g[:, None]) * stride_dc,
-                      mask=mask_g[:, None] & mask_b[None, :], other=0.0)
-        # gathered H[:, I_k] tile [BLOCK_B, BLOCK_F]
-        h = tl.load(h_ptr + rows[:, None] * stride_hb + cols[None, :] * stride_hh,
-                    mask=mask_b[:, None] & mask_f[None, :], other=0.0)
-        if IEEE:
-            acc = tl.dot(dzt, h, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(dzt, h, acc)
-    dw_ptrs = dw_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :]
-    tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_f[None, :])
+        dzt = _load_tile(dz_ptr + k * G * stride_dc, offs_g, rows, stride_dc, stride_db, mask_g, mask_b)
+        h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
+        acc = _mm(dzt, h, acc, IEEE)
+    tl.store(dw_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :],
+             acc.to(dw_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_f[None, :])
 
 
 def tail_backward_weight_triton(dz: torch.Tensor, h: torch.Tensor, idx: torch.Tensor,
-                                block_b: int = 64) -> torch.Tensor:
+                                config: TailKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """dw [K, G, F] with dw[k] = dZ_k^T H[:, I_k] (dZ_k = dz[:, k*G:(k+1)*G]).
 
     Contract as ``tail_slots.tail_backward_weight``; cost model ``tail_slots.tail_backward_weight_cost``.
     """
-    _check_common(h, idx)
-    if dz.dim() != 2 or dz.shape[0] != h.shape[0]:
-        raise ValueError(f"dz must be [B, K*G] with B = {h.shape[0]}, got {tuple(dz.shape)}")
-    if dz.dtype != h.dtype or dz.device != h.device:
-        raise ValueError("dz must share h's dtype and device")
+    check_h_idx(h, idx)
+    G = groups_of(dz, h, idx)
     K, F = idx.shape
-    if K == 0 or dz.shape[1] % K:
-        raise ValueError(f"dz's {dz.shape[1]} columns are not a multiple of K = {K}")
-    G = dz.shape[1] // K
-    BLOCK_G, BLOCK_F = _pad(G), _pad(F)
-    if BLOCK_G > MAX_TILE or BLOCK_F > MAX_TILE:
-        raise ValueError(f"G={G} and F={F} must each pad to at most {MAX_TILE}")
+    BLOCK_G, BLOCK_F = check_tiles(G, F)
     B = h.shape[0]
     dw = torch.empty((K, G, F), dtype=h.dtype, device=h.device)
     if G * F == 0:
         return dw
-    idx = idx.contiguous()
-    BLOCK_B = _pad(min(block_b, max(B, 1)))
+    h = column_major(h)
+    block_b, num_warps, num_stages = config.resolve(B, G, F)
     _tail_backward_weight_kernel[(K,)](
-        dz, h, idx, dw, B, G, F,
+        dz, h, idx.contiguous(), dw, B, G, F,
         dz.stride(0), dz.stride(1), h.stride(0), h.stride(1),
         IEEE=h.dtype == torch.float32,
-        BLOCK_B=BLOCK_B, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F)
+        BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return dw
 
 
-TRITON_TAIL_IMPLS: dict[str, Callable] = {
-    "tail_forward": tail_forward_triton,
-    "tail_backward_weight": tail_backward_weight_triton,
-}
+# ----------------------------------------------------------------------------- registry
+
+def triton_tail_impls(config: TailKernelConfig = DEFAULT_CONFIG) -> dict[str, Callable]:
+    """The Triton implementation of each tail kernel slot, bound to one tile config."""
+    from targets.haste_rec.triton_perlabel import perlabel_forward_triton
+    from targets.haste_rec.triton_tail_backward import tail_backward_input_triton
+
+    return {"tail_forward": functools.partial(tail_forward_triton, config=config),
+            "tail_backward_weight": functools.partial(tail_backward_weight_triton, config=config),
+            "tail_backward_input": functools.partial(tail_backward_input_triton, config=config),
+            "perlabel_forward": perlabel_forward_triton}

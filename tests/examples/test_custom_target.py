@@ -48,3 +48,11 @@ def test_sg_opt_optimize_runs_the_example(tmp_path):
     (row,) = summary["candidates"]
     assert row["change"] in ("batch_build=vectorized", "sparse_embedding_grads=True") and row["reason"]
     assert row["stage"] == "measure"  # it passed its numerics check (exact or reorder) and was timed
+
+
+def test_the_local_endpoint_tiers_file_loads_and_prices_local_models_at_zero():
+    from sg_opt.tiers import load_tiers
+
+    tiers = load_tiers(ROOT / "examples" / "tiers-local-endpoint.toml")
+    assert tiers.tier("normal").model.startswith("Qwen/") and tiers.tier("ultra").candidates_per_iteration == 4
+    assert tiers.price(tiers.tier("normal").model).output == 0.0

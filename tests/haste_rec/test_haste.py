@@ -1,17 +1,33 @@
-"""HasteOutput: the group-shared tail equals a masked dense layer, both backends, rewiring, label maps."""
+"""HasteOutput: the group-shared tail equals a masked dense layer, every backend, rewiring, label maps."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
 import pytest
 import torch
 
-from targets.haste_rec.haste import HasteOutput, zero_rewired_state
-from targets.haste_rec.tail_slots import tail_forward
-from targets.protocol import ConfigError
+if not torch.cuda.is_available():  # no GPU: Triton's CPU interpreter (set before triton is imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from targets.haste_rec.haste import HasteOutput, zero_rewired_state  # noqa: E402
+from targets.haste_rec.tail_slots import tail_forward  # noqa: E402
+from targets.protocol import ConfigError  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# The Triton backends run on CUDA, or on the CPU interpreter in fp32 (it computes bf16 wrongly).
+TRITON_BACKENDS = ["triton", "triton-fused-loss"] if importlib.util.find_spec("triton") else []
+
+
+def _skip_unsupported(backend: str, device: str, dtype: torch.dtype, autocast: bool = False) -> None:
+    if backend not in TRITON_BACKENDS:
+        return
+    if dtype == torch.float64:
+        pytest.skip("the Triton tail kernels take fp32, fp16 and bf16")
+    if device == "cpu" and (torch.cuda.is_available() or autocast):
+        pytest.skip("the Triton interpreter runs the CPU tests without a GPU, in fp32")
 
 
 def _layer(seed: int, n_head: int, n_tail: int, G: int, H: int = 24, tail_dims: int = 19, F: int = 6,
@@ -42,13 +58,14 @@ def _dense_forward(layer: HasteOutput, h: torch.Tensor, dense: torch.Tensor) -> 
     return tail if layer.head is None else torch.cat([layer.head(h), tail], dim=1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "slots"])
+@pytest.mark.parametrize("backend", ["torch", "slots"] + TRITON_BACKENDS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("n_head", [0, 5])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("device", DEVICES)
 def test_tail_equals_masked_dense_layer(backend: str, dtype: torch.dtype, tol: float, n_head: int, seed: int,
                                         device: str) -> None:
+    _skip_unsupported(backend, device, dtype)
     case = _random_case(seed)
     layer = _layer(seed, n_head, case["n_tail"], case["G"], case["H"], case["tail_dims"], case["F"],
                    dtype=dtype, device=device, backend=backend)
@@ -77,11 +94,13 @@ def test_tail_equals_masked_dense_layer(backend: str, dtype: torch.dtype, tol: f
     assert (grads["w"][~layer.valid_mask[n_head:].reshape(K, G)] == 0).all(), "padded rows get no gradient"
 
 
+@pytest.mark.parametrize("backend", ["slots"] + TRITON_BACKENDS)
 @pytest.mark.parametrize("n_head", [0, 4])
 @pytest.mark.parametrize("device", DEVICES)
-def test_backends_agree_exactly_in_float32(n_head: int, device: str) -> None:
+def test_backends_agree_exactly_in_float32(backend: str, n_head: int, device: str) -> None:
+    _skip_unsupported(backend, device, torch.float32)
     results = []
-    for backend in ("torch", "slots"):
+    for backend in ("torch", backend):
         layer = _layer(3, n_head, 50, 8, device=device, backend=backend)
         h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
         logits = layer(h)
@@ -91,10 +110,12 @@ def test_backends_agree_exactly_in_float32(n_head: int, device: str) -> None:
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["slots"] + TRITON_BACKENDS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_backends_agree_under_autocast(device: str) -> None:
+def test_backends_agree_under_autocast(backend: str, device: str) -> None:
+    _skip_unsupported(backend, device, torch.bfloat16, autocast=True)
     results = []
-    for backend in ("torch", "slots"):
+    for backend in ("torch", backend):
         layer = _layer(4, 3, 45, 8, device=device, backend=backend)
         h = torch.randn(6, 24, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
         with torch.autocast(device, dtype=torch.bfloat16):
