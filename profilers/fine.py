@@ -46,7 +46,7 @@ def haste_rec_slot_shapes(session: Any) -> dict[str, dict[str, int]]:
         raise ValueError(f"tail_index is {tuple(out.tail_index.shape)}, tail_weight {tuple(out.tail_weight.shape)}")
     shape = {"B": int(session.batch_size), "Ht": int(out.tail_dims), "K": int(groups), "G": int(size),
              "F": int(fan_in)}
-    bias_outside = bool(getattr(session, "autocast", False)) and out.backend == "slots"
+    bias_outside = bool(getattr(session, "autocast", False)) and out.backend in ("slots", "triton", "triton-fused-loss")
     return {"tail_forward": {**shape, "bias": 0 if bias_outside else 1},
             "tail_backward_weight": dict(shape), "tail_backward_input": dict(shape)}
 

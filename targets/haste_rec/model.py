@@ -82,7 +82,8 @@ def embedding_config(config: Mapping[str, Any]) -> EmbeddingConfig:
         placement=config["embedding_placement"], grad_mode=config["embedding_grad_mode"],
         cache_fraction=config["embedding_cache_fraction"], cache_plan=config["embedding_cache_plan"],
         eviction=config["embedding_eviction"], opt_state_cache_fraction=config["embedding_opt_state_cache_fraction"],
-        pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"])
+        pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"],
+        backend=config["embedding_backend"])
 
 
 def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Smoke tests of the benchmark scripts (tests/conftest.py selects Triton's CPU interpreter without a GPU)."""

@@ -1,0 +1,10 @@
+"""Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton picks interpreter or
+compiler when triton.language is first imported, so the choice is made here, before any test
+module imports it."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
