@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One GPU call: the Triton kernels' CUDA tests (bf16 and fp32, trainer trajectories) and the kernel
+# benchmarks (HASTE tail at the paper's shapes, pooled embeddings at 26 x 1M x 128).
+# Usage: OUT=/some/dir bash benchmarks/h200_kernels.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/sg-opt-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$OUT/cache"
+unset TRITON_INTERPRET
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+echo "== CUDA tests of the Triton kernels and backends"
+timeout 280 python3 -m pytest -q -p no:cacheprovider -o addopts="" -x -W ignore::DeprecationWarning \
+    tests/haste_rec/test_triton_tail.py tests/haste_rec/test_triton_tail_fused.py \
+    tests/haste_rec/test_triton_tail_perlabel.py tests/haste_rec/test_triton_tail_trainer.py \
+    tests/haste_rec/test_haste.py tests/haste_rec/test_triton_embedding.py tests/benchmarks \
+    > "$OUT/cuda_kernel_tests.txt" 2>&1
+tail -3 "$OUT/cuda_kernel_tests.txt"; grep -E "^(FAILED|ERROR)" "$OUT/cuda_kernel_tests.txt" | head -20
+echo "== HASTE tail kernels"
+timeout 200 python3 -m benchmarks.kernels --out "$OUT/kernels.json" > "$OUT/kernels.md" 2> "$OUT/kernels.err"
+cat "$OUT/kernels.md"; tail -5 "$OUT/kernels.err"
+echo "== embedding kernels"
+timeout 150 python3 -m benchmarks.embedding_kernels --out "$OUT/embedding_kernels.json" > "$OUT/embedding_kernels.md" 2>&1
+cat "$OUT/embedding_kernels.md" | tail -40
