@@ -64,9 +64,11 @@ def time_top_ops(session: Session, device: torch.device, steps: int, names: Sequ
             torch.cuda.synchronize(device)
     calls: dict[tuple, list[float]] = defaultdict(list)
     wanted = set(names)
+    kineto_dtypes = _kineto_dtypes(prof)
     for evt in prof.events():
         if evt.name in wanted and evt.device_type == torch.autograd.DeviceType.CPU:
-            key = (evt.name, tuple(tuple(s) for s in evt.input_shapes), tuple(evt.input_dtypes))
+            dtypes = getattr(evt, "input_dtypes", None) or kineto_dtypes.get(evt.id, ())
+            key = (evt.name, tuple(tuple(s) for s in evt.input_shapes), tuple(dtypes))
             calls[key].append(_call_seconds(evt, on_cuda))
     timings = []
     for name in names:
@@ -92,6 +94,15 @@ def time_top_ops(session: Session, device: torch.device, steps: int, names: Sequ
                                 achieved_flops_per_s=flops_rate, achieved_bytes_per_s=bytes_rate,
                                 roofline_fraction=fraction))
     return timings
+
+
+def _kineto_dtypes(prof: profile) -> dict[int, list[str]]:
+    """Input dtypes by event id, read from the kineto events: torch before 2.12 records them there but
+    does not copy them onto its FunctionEvents (whose id is the kineto correlation id)."""
+    try:
+        return {e.correlation_id(): list(e.dtypes()) for e in prof.profiler.kineto_results.events()}
+    except AttributeError:
+        return {}
 
 
 def _dtype_name(dtypes: Sequence[str]) -> str:
