@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/sg-opt optimize --target haste-rec --size small --device cpu --tier offline --max-minutes 5
 
 test: $(STAMP)
+	-@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))) >/dev/null 2>&1 || true
 	$(PY) -m pytest
 
 clean:

@@ -32,6 +32,9 @@ BEST_CONFIG = "best_config.toml"
 BEST_KERNELS = "best_kernels"
 REQUEST_FILE = "run.json"
 CHECKPOINT_FILE = "checkpoints.sqlite"
+NO_ROOFLINE = ("No kernel-slot roofline: no profile of this run has a fine section (kernel slots timed against "
+               "measured ceilings). The agent takes one when its plan asks for fine profiles, usually on CUDA; "
+               "`sg-opt profile --fine` takes one on any device.")
 
 
 # ----------------------------------------------------------------------------- wording shared by md and html
@@ -128,15 +131,27 @@ def kernel_diffs(run_dir: Path) -> dict[str, str]:
     return {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.diff"))} if folder.is_dir() else {}
 
 
+def _phase_line(s: Summary) -> str | None:
+    if not s.phases:
+        return None
+    first, last = s.phases[0], s.phases[-1]
+    if first is last:
+        return "Phases (ms per profiled step): " + ", ".join(f"{k} {v:.2f}" for k, v in first.phases_ms.items())
+    names = dict.fromkeys([*first.phases_ms, *last.phases_ms])
+    return (f"Phases (ms per profiled step, baseline -> {last.label}): "
+            + ", ".join(f"{k} {first.phases_ms.get(k, 0):.2f} -> {last.phases_ms.get(k, 0):.2f}" for k in names))
+
+
 def report_markdown(s: Summary) -> str:
-    lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "",
-             "| | step time | |", "|---|---|---|",
-             f"| baseline | {step_text(s.baseline_step)} | |",
-             f"| best | {step_text(s.best_step)} | numerics: {numerics_line(s).replace('|', '/')} |", ""]
-    if s.noise_floor is not None:
-        lines.append(f"Noise floor {100 * s.noise_floor:.1f}% (A/A calibration on this machine).")
-    lines += [f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. {spend_line(s)}. "
-              f"Wall time {s.wall_s / 60:.1f} min.", "", "## Best configuration", ""]
+    f = s.final
+    rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
+            ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
+            ("numerics", numerics_line(s)),
+            ("noise floor", f"{100 * s.noise_floor:.1f}% (A/A on this machine)" if s.noise_floor is not None else "-")]
+    lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
+    lines += ["", f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. {spend_line(s)}. "
+                  f"Wall time {s.wall_s / 60:.1f} min.", "", "## Best configuration", ""]
     lines += [f"- `{k} = {v!r}`" for k, v in sorted(s.best_config.items())] or ["- the baseline's"]
     lines += [f"- kernel `{k}` replaced (see best_kernels/)" for k in s.best_kernels]
     lines += ["", "## Candidates", "", "| # | kind | change | proposer | verdict | ratio (95% CI) | why |",
@@ -146,9 +161,12 @@ def report_markdown(s: Summary) -> str:
         lines.append(f"| {c.id} | {c.kind} | {c.change} | {c.proposer} | {verdict} | "
                      f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {c.reason.replace('|', '/')} |")
     env = dict(machine_rows(s.environment))
+    for paragraph in (_phase_line(s), None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
+        lines += ["", paragraph] if paragraph else []
     lines += ["", f"Machine: {env['device name']} ({env['device']}), driver {env['driver']}, torch {env['torch']}, "
-                  f"triton {env['triton']}. Plots, phases and the roofline: report.html."]
-    lines += [f"> note: {note}" for note in s.notes]
+              f"triton {env['triton']}. Plots: report.html."]
+    for note in s.notes:
+        lines += ["", f"> note: {note}"]
     return "\n".join(lines) + "\n"
 
 
@@ -163,17 +181,12 @@ def write_summary_files(summary: Summary, run_dir: Path) -> list[str]:
     return [str(run_dir / name) for name in (REPORT_MD, REPORT_HTML, SUMMARY_FILE, BEST_CONFIG)]
 
 
-def _write_all(state: RunState, target: Target | None) -> tuple[Summary, list[str]]:
+def write_report(state: RunState, target: Target | None, summary: Summary | None = None) -> list[str]:
+    """Everything from the state; with no target (it cannot be imported) best_kernels/ stays as it is."""
     run_dir = Path(state.run_dir)
     if target is not None:
         _write_kernels(state, target, run_dir / BEST_KERNELS)
-    summary = build_summary(state)
-    return summary, write_summary_files(summary, run_dir)
-
-
-def write_report(state: RunState, target: Target | None) -> list[str]:
-    """Everything from the state; with no target (it cannot be imported) best_kernels/ stays as it is."""
-    return _write_all(state, target)[1]
+    return write_summary_files(summary or build_summary(state), run_dir)
 
 
 # ----------------------------------------------------------------------------- reading a run directory back
@@ -225,28 +238,46 @@ def load_summary(run_dir: Path) -> Summary:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         raise ConfigError(f"{run_dir} has neither a readable checkpoint nor a readable {SUMMARY_FILE}") from None
-    if not isinstance(data, dict) or data.get("version", 0) > SUMMARY_SCHEMA_VERSION:
-        raise ConfigError(f"{path} was written by a newer sg-opt (summary schema {data.get('version')})")
-    try:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a summary sg-opt can read")
+    if not isinstance(data.get("version"), int) or data["version"] > SUMMARY_SCHEMA_VERSION:
+        raise ConfigError(f"{path} was written by another sg-opt (summary schema {data.get('version')!r}, "
+                          f"this one reads up to {SUMMARY_SCHEMA_VERSION})")
+    try:  # an older schema lacks only fields that have defaults
         return Summary.model_validate({**data, "version": SUMMARY_SCHEMA_VERSION})
     except ValueError as exc:
-        raise ConfigError(f"{path} is not a summary sg-opt can read ({exc.errors()[0]['msg']})") from None
+        raise ConfigError(f"{path} is not a summary sg-opt can read ({_first_line(exc)})") from None
 
 
-def regenerate(run_dir: str | Path) -> Summary:
-    """Rewrite every report file of a run directory from what it holds; ConfigError if it holds no run."""
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def read_run(run_dir: str | Path) -> tuple[Summary, RunState | None]:
+    """A run directory's summary, rebuilt from its last checkpoint when it has one; writes nothing."""
     path = Path(run_dir)
     if not path.is_dir():
         raise ConfigError(f"{run_dir} is not a directory (a run directory holds {REQUEST_FILE} and {SUMMARY_FILE})")
     state = load_state(path)
     if state is None:
-        summary = load_summary(path)
-        write_summary_files(summary, path)
-        return summary
+        return load_summary(path), None
+    try:
+        return build_summary(state), state
+    except (OSError, ValueError) as exc:  # a file the state names is gone or torn
+        raise ConfigError(f"{run_dir} holds a run whose files cannot be read ({_first_line(exc)})") from None
+
+
+def regenerate(run_dir: str | Path) -> Summary:
+    """Rewrite every report file of a run directory from what it holds; ConfigError if it holds no run."""
     from targets.registry import resolve_target
 
-    try:
-        target = resolve_target(state.target)
-    except ConfigError:
-        target = None
-    return _write_all(state, target)[0]
+    summary, state = read_run(run_dir)
+    if state is not None:
+        try:
+            target = resolve_target(state.target)
+        except ConfigError:  # the target cannot be imported here: keep best_kernels/ as the run wrote it
+            target = None
+        write_report(state, target, summary)
+    else:
+        write_summary_files(summary, Path(run_dir))
+    return summary

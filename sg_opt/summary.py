@@ -213,12 +213,6 @@ def _step_time(medians_s: list[float], source: str) -> StepTime | None:
     return StepTime(ms=1e3 * mid, ci_low_ms=1e3 * low, ci_high_ms=1e3 * high, blocks=len(medians_s), source=source)
 
 
-def _local(run_dir: Path, path: str) -> Path:
-    """A file the state names, found in this run directory even when the directory was moved."""
-    p = Path(path)
-    return p if p.is_absolute() else run_dir / p
-
-
 def _relative(run_dir: Path, path: Path) -> str:
     try:
         return str(path.relative_to(run_dir))
@@ -227,13 +221,13 @@ def _relative(run_dir: Path, path: Path) -> str:
 
 
 def _step_times(state: RunState, run_dir: Path, notes: list[str]) -> tuple[StepTime | None, StepTime | None]:
-    if state.final is not None and _local(run_dir, state.final.file).is_file():
-        final = _local(run_dir, state.final.file)
+    if state.final is not None and Path(state.final.file).is_file():
+        final = Path(state.final.file)
         ab = ABResult.model_validate_json(final.read_text())
         source = _relative(run_dir, final)
         return _step_time(ab.a.block_medians, source), _step_time(ab.b.block_medians, source)
-    if state.baseline is not None and _local(run_dir, state.baseline.calibration_file).is_file():
-        calibration = _local(run_dir, state.baseline.calibration_file)
+    if state.baseline is not None and Path(state.baseline.calibration_file).is_file():
+        calibration = Path(state.baseline.calibration_file)
         noise = NoiseFloor.model_validate_json(calibration.read_text())
         medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
         if state.accepted:
@@ -262,7 +256,7 @@ def _profiles(state: RunState, run_dir: Path, notes: list[str]) -> list[tuple[st
             label = f"after #{accepted[index - 1].candidate.id}"
         else:
             label = f"profile {index}"
-        local = _local(run_dir, path)
+        local = Path(path)
         try:
             out.append((label, local, ProfileResult.model_validate_json(local.read_text())))
         except (OSError, ValueError):
@@ -286,12 +280,10 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
     return rows
 
 
-def _roofline(profiles: list[tuple[str, Path, ProfileResult]], notes: list[str]) -> Roofline | None:
+def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:
     with_fine = [(label, result.fine) for label, _, result in profiles if result.fine is not None]
     if not with_fine:
-        notes.append("no kernel-slot roofline: no profile of this run has a fine section (the fine profile runs "
-                     "with plan.fine_profile, usually on CUDA)")
-        return None
+        return None  # the reports say why
     shown = [with_fine[0]] + ([with_fine[-1]] if len(with_fine) > 1 else [])  # baseline's and the latest
     points = [RooflinePoint(label=label, slot=s.slot, implementation=s.implementation, dtype=s.dtype, shape=s.shape,
                             median_us=1e6 * s.median_s, intensity=s.intensity,
@@ -319,6 +311,6 @@ def build_summary(state: RunState) -> Summary:
                    best_kernels=sorted(state.incumbent.kernels), est_speedup=state.incumbent.est_speedup,
                    final=state.final, evaluated=state.evaluated, accepted=accepted,
                    candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
-                   roofline=_roofline(profiles, notes), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
+                   roofline=_roofline(profiles), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
                    environment=baseline.environment if baseline else {}, notes=notes)

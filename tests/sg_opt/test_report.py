@@ -1,0 +1,196 @@
+"""The run reports and `sg-opt report`, on run directories of one real short agent run.
+
+``agent_run`` is a real `sg-opt optimize` of the agent test target (one real win, one candidate
+that segfaults), made once per session. ``rich_run`` is a copy of it given what a CPU offline run
+never has: LLM calls in its ledger (written by the real ledger) and a fine profile section (a real
+`sg-opt profile --fine` of haste-rec tiny on a CPU, test_report_fine.json), so the roofline and
+spend parts are exercised on real records too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sg_opt.cli import app
+from sg_opt.ledger import TokenLedger
+from sg_opt.summary import SUMMARY_SCHEMA_VERSION
+from sg_opt.tiers import Price
+from state_machine.llm_interfaces import Usage
+
+ROOT = Path(__file__).resolve().parents[2]
+FINE = Path(__file__).with_name("test_report_fine.json")
+WALL = re.compile(r"Wall time [0-9.]+ min")
+REPORT_FILES = ("report.md", "report.html", "summary.json", "best_config.toml")
+
+
+_BUILT: dict[str, Path] = {}  # one real run per session, shared by this module and test_report_browser
+
+
+def agent_run_dir(factory) -> Path:
+    if "agent" not in _BUILT:
+        out = factory.mktemp("runs")
+        cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "tests.fixtures.agent_target:target",
+               "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2", "--out", str(out), "--json"]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (_BUILT["agent"],) = [p for p in out.iterdir() if p.is_dir()]
+    return _BUILT["agent"]
+
+
+def rich_run_dir(factory) -> Path:
+    if "rich" not in _BUILT:
+        agent = agent_run_dir(factory)
+        run_dir = factory.mktemp("rich") / agent.name
+        shutil.copytree(agent, run_dir)
+        prices = {"m-normal": Price(input=1.0, output=4.0), "m-ultra": Price(input=3.0, output=12.0)}
+        ledger = TokenLedger(run_dir, prices, budget_usd=10.0)
+        for tier, ok in (("normal", True), ("normal", False), ("ultra", True), ("ultra", True)):
+            ledger.record("propose", tier, f"m-{tier}", Usage(input_tokens=12_000, cached_input_tokens=2_000,
+                                                              output_tokens=900, reasoning_tokens=300), 1.5, ok=ok)
+        profile = run_dir / "profiles" / "01.json"
+        data = json.loads(profile.read_text())
+        data["fine"] = json.loads(FINE.read_text())
+        profile.write_text(json.dumps(data))
+        assert invoke("report", str(run_dir)).exit_code == 0
+        _BUILT["rich"] = run_dir
+    return _BUILT["rich"]
+
+
+@pytest.fixture(scope="session")
+def agent_run(tmp_path_factory) -> Path:
+    return agent_run_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def rich_run(tmp_path_factory) -> Path:
+    return rich_run_dir(tmp_path_factory)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run):
+    for name in (*REPORT_FILES, "ledger.jsonl"):
+        assert (agent_run / name).is_file(), name
+    s = summary_of(agent_run)
+    assert s["version"] == SUMMARY_SCHEMA_VERSION == 2
+    (win, crash) = s["candidates"]
+    assert win["accepted"] and win["speedup"] > 1 and win["decided_at_s"] > 0
+    assert not crash["accepted"] and "SIGSEGV" in crash["reason"]
+    for side in ("baseline_step", "best_step"):
+        t = s[side]
+        assert t["ci_low_ms"] <= t["ms"] <= t["ci_high_ms"] and t["source"] == "final_ab.json"
+    assert s["numerics"]["numerics_class"] == "exact" and s["numerics"]["candidate"] == win["id"]
+    assert [p["label"] for p in s["phases"]] == ["baseline", f"after #{win['id']}"]
+    assert set(s["phases"][0]["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
+    assert s["roofline"] is None and s["llm_calls"] == [] and s["environment"]["torch"]
+
+    md = (agent_run / "report.md").read_text()
+    assert len(md) < 65_536  # a GitHub pull-request comment
+    assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
+    page = (agent_run / "report.html").read_text()
+    assert "No kernel-slot roofline" in page and "No LLM calls" in page
+    assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)
+    assert 'slow_loader = false' in (agent_run / "best_config.toml").read_text()
+
+
+def test_report_rebuilds_the_same_files_from_a_moved_run_directory(agent_run, tmp_path):
+    moved = tmp_path / "elsewhere" / agent_run.name
+    shutil.copytree(agent_run, moved)
+    for name in REPORT_FILES:
+        (moved / name).unlink()
+    done = invoke("report", str(moved), "--json")
+    assert done.exit_code == 0, done.output
+    rebuilt, written, original = json.loads(done.stdout), summary_of(moved), summary_of(agent_run)
+    assert rebuilt["final"].pop("file") == written["final"].pop("file") == str(moved.resolve() / "final_ab.json")
+    original["final"].pop("file")
+    # the run's own report was written inside its report node, before that node's time (the final A/B) was
+    # added to the state's wall time; the checkpoint read back afterwards has it
+    assert rebuilt.pop("wall_s") == written.pop("wall_s") >= original.pop("wall_s")
+    assert rebuilt == written == original
+    for name in ("report.md", "report.html", "best_config.toml"):
+        rewritten, first = ((d / name).read_text() for d in (moved, agent_run))
+        assert WALL.sub("", rewritten) == WALL.sub("", first), name
+
+
+def test_report_of_a_directory_without_checkpoint_reads_summary_json(agent_run, tmp_path):
+    copy = tmp_path / agent_run.name
+    shutil.copytree(agent_run, copy, ignore=shutil.ignore_patterns("checkpoints.sqlite*"))
+    (copy / "report.md").unlink()
+    done = invoke("report", str(copy))
+    assert done.exit_code == 0, done.output
+    assert (copy / "report.md").read_text() == (agent_run / "report.md").read_text()
+    assert "x" in done.stdout and "written:" in done.stdout
+
+
+def test_roofline_spend_and_cost_per_win_from_real_records(rich_run):
+    s = summary_of(rich_run)
+    fine = json.loads(FINE.read_text())
+    assert [p["slot"] for p in s["roofline"]["points"]] == [slot["slot"] for slot in fine["slots"]]
+    assert s["roofline"]["points"][0]["label"] == s["phases"][-1]["label"]
+    assert set(s["spend_by_tier"]) == {"normal", "ultra"} and s["spend"]["calls"] == 4
+    assert s["spend"]["failed_calls"] == 1 and len(s["llm_calls"]) == 4
+    assert s["cost_per_win_usd"] == pytest.approx(s["spend"]["cost_usd"])
+    page = (rich_run / "report.html").read_text()
+    plots = re.findall(r'data-plot="([a-z-]+)"', page)
+    assert plots == ["step-times", "best-so-far", "phases", "roofline", "spend"]
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "inline SVGs must not share element ids"
+    assert "per accepted win" in (rich_run / "report.md").read_text()
+
+
+def test_two_runs_side_by_side(agent_run, rich_run, tmp_path):
+    out = tmp_path / "cmp"
+    done = invoke("report", str(agent_run), str(rich_run), "--out", str(out), "--json")
+    assert done.exit_code == 0, done.output
+    comparison = json.loads(done.stdout)
+    assert comparison["version"] == 1 and comparison["a"]["run_id"] == comparison["b"]["run_id"]
+    metrics = {row["metric"]: (row["a"], row["b"]) for row in comparison["rows"]}
+    assert metrics["LLM spend"][0].startswith("$0.0000") and "4 calls" in metrics["LLM spend"][1]
+    assert comparison["notes"] == []  # same target, size and device
+    assert sorted(p.name for p in out.iterdir()) == ["comparison.json", "report.html", "report.md"]
+    assert re.findall(r'data-plot="([a-z-]+)"', (out / "report.html").read_text()) == [
+        "step-times", "best-so-far", "spend"]
+
+    table = invoke("report", str(agent_run), str(rich_run), "--out", str(out))
+    assert table.exit_code == 0 and "speedup over its baseline" in table.stdout
+
+
+def test_default_comparison_folder_is_named_after_both_runs(agent_run, rich_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert invoke("report", str(agent_run), str(rich_run)).exit_code == 0
+    assert (tmp_path / f"report-{agent_run.name}-vs-{rich_run.name}" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "garbage", "newer", "three", "out-with-one"])
+def test_bad_run_directories_are_one_sentence_and_exit_2(case, tmp_path):
+    run_dir = tmp_path / "run"
+    if case != "missing":
+        run_dir.mkdir()
+    if case == "garbage":
+        (run_dir / "summary.json").write_text("{not json")
+    if case == "newer":
+        (run_dir / "summary.json").write_text(json.dumps({"version": 99}))
+    args = {"three": [str(run_dir)] * 3, "out-with-one": [str(run_dir), "--out", "x"]}.get(case, [str(run_dir)])
+    done = invoke("report", *args)
+    assert done.exit_code == 2
+    assert "Traceback" not in done.output and done.stderr.startswith("error:")
+    assert len(done.stderr.strip().replace("\n", " ").split(". ")) <= 2
+
+
+def test_help_shows_an_example():
+    done = invoke("report", "--help")
+    assert done.exit_code == 0 and "Example: sg-opt report runs/" in done.stdout
