@@ -48,7 +48,10 @@ def _knob_table(target: Target) -> Table:
 
 @app.command()
 def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """List the targets sg-opt knows, with their sizes, kernel slots and knobs."""
+    """List the targets sg-opt knows, with their sizes, kernel slots and knobs.
+
+    Example: sg-opt targets --json
+    """
     found = []
     for name in known_targets():
         try:
@@ -122,7 +125,10 @@ def bench(
                                                             "the environment, to this JSON file for "
                                                             "`sg-opt gate --baseline`"),
 ) -> None:
-    """Time training steps of one target config in a worker process (or two, side by side, with --vs)."""
+    """Time training steps of one target config in a worker process (or two, side by side, with --vs).
+
+    Example: sg-opt bench --size small --set embedding_grad_mode=fused --vs examples/haste_rec_hand_tuned.toml
+    """
     from sg_opt.bench import bench as run_bench, render
     from sg_opt.saved_baseline import SaveFailed, check_writable
 
@@ -187,7 +193,10 @@ def profile(
     warmup: int = typer.Option(5, min=0, help="untimed steps first"),
     threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
 ) -> None:
-    """Where the step time goes: phases, top ops, kernel slots on the roofline, ranked findings."""
+    """Where the step time goes: phases, top ops, kernel slots on the roofline, ranked findings.
+
+    Example: sg-opt profile --size large --device cuda --fine --trace trace.json
+    """
     from profilers.client import run_profile
     from profilers.records import ProfileRequest
     from sg_opt.profile_view import render
