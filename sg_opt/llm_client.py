@@ -221,6 +221,20 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """Fail before the baseline starts, not an hour later, when nothing listens at a --base-url."""
+    import socket
+
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--base-url {public_url(base_url)} is not an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"the LLM endpoint {public_url(base_url)} is unreachable ({exc.strerror or exc})") from None
+
+
 def _retryable(exc: openai.APIError) -> bool:
     if isinstance(exc, openai.APIConnectionError):  # timeouts included
         return True

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sg_opt.ledger import TokenLedger
-from sg_opt.llm_client import make_client
+from sg_opt.llm_client import check_reachable, make_client
 from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, create_run, find_run
 from sg_opt.summary import Summary, build_summary, describe_change
@@ -38,6 +38,8 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     tier = tiers.tier(request.tier)
     budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
     llm = make_client(tier, request.base_url, request.model, request.llm_timeout_s)
+    if llm is not None and request.base_url:
+        check_reachable(request.base_url)
     ledger = TokenLedger(run_dir, tiers.prices, budget, models=[llm.model] if llm else [])
     ledger.path.touch()  # every run has a ledger, even one that makes no call
     policy = ProposerPolicy(tier=tier.name, candidates_per_iteration=tier.candidates_per_iteration,

@@ -96,6 +96,8 @@ def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp
 def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("precision = \n")
     cases = [
         (["--target", "nope"], "unknown target"),
         (["--size", "giant"], "has no size"),
@@ -104,6 +106,8 @@ def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
         (["--tier", "platinum"], "platinum"),
         (["--tier", "normal"], "OPENAI_API_KEY or pass --base-url"),
         (["--tiers", str(tmp_path / "missing.toml")], "missing.toml"),
+        (["--tier", "normal", "--base-url", "http://127.0.0.1:9/v1"], "is unreachable"),
+        (["--config", str(bad_toml)], "not valid TOML"),
     ]
     for args, words in cases:
         result = CliRunner().invoke(app, ["optimize", "--out", str(tmp_path / "runs"), *args])
