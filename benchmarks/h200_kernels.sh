@@ -10,7 +10,7 @@ unset TRITON_INTERPRET
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 echo "== CUDA tests of the Triton kernels and backends"
-timeout 280 python3 -m pytest -q -p no:cacheprovider -o addopts="" -x -W ignore::DeprecationWarning \
+timeout 280 python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::DeprecationWarning \
     tests/haste_rec/test_triton_tail.py tests/haste_rec/test_triton_tail_fused.py \
     tests/haste_rec/test_triton_tail_perlabel.py tests/haste_rec/test_triton_tail_trainer.py \
     tests/haste_rec/test_haste.py tests/haste_rec/test_triton_embedding.py tests/benchmarks \
@@ -22,3 +22,8 @@ cat "$OUT/kernels.md"; tail -5 "$OUT/kernels.err"
 echo "== embedding kernels"
 timeout 150 python3 -m benchmarks.embedding_kernels --out "$OUT/embedding_kernels.json" > "$OUT/embedding_kernels.md" 2>&1
 cat "$OUT/embedding_kernels.md" | tail -40
+if [ "${TUNE:-0}" = 1 ]; then
+echo "== tail kernel meta-parameter sweep at the main shape"
+timeout 240 python3 -m benchmarks.kernels --configs main --tune --out "$OUT/tune.json" > "$OUT/tune.md" 2> "$OUT/tune.err"
+cat "$OUT/tune.md" | tail -40; tail -3 "$OUT/tune.err"
+fi
