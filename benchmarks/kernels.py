@@ -16,11 +16,8 @@ read once, each output written once); where a kernel moves more by design (the i
 dX scratch), a second rate uses its own traffic model. Ceilings: measured by profilers.ceilings on
 CUDA (cached), else ANCHORS' 4.24 TB/s copy and 780 TFLOP/s bf16.
 
-``--tune`` also times the group-tile kernels (forward, both backward products, the fused loss) at
-every point of ``TUNE_GRID``, each a ``triton_tail.TailKernelConfig`` (block_b, num_warps,
-num_stages: the tail_* knobs; block_k: groups per program; segment_rows: batch rows per program of
-the input gradient's segmented sum; unset fields stay "auto", and the first row is all "auto"):
-the data to set the "auto" rules by.
+``--tune`` also times the group-tile kernels at every (tail_block_b, tail_num_warps, tail_num_stages)
+of ``TUNE_GRID``: the data to set the "auto" rule of ``triton_tail.TailKernelConfig`` by.
 
 Markdown tables go to stdout, everything to the --out JSON.
 """
@@ -49,14 +46,8 @@ PERLABEL_CHECK_LABELS = 65_536
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # max error / max |reference|
 MAIN = {"B": 256, "Ht": 768, "L": 670_080, "F": 64, "G": 32}
 SMOKE = ({"B": 8, "Ht": 24, "L": 96, "F": 8, "G": 8}, {"B": 5, "Ht": 20, "L": 84, "F": 6, "G": 12})
-TUNE_KNOBS = ("block_b", "num_warps", "num_stages", "block_k", "segment_rows")
-TUNE_GRID = (({},)
-             + tuple({"block_k": k, "block_b": b, "num_warps": w, "num_stages": 3}
-                     for k in (1, 2, 4) for b in (32, 64, 128) for w in (4, 8))
-             + tuple({"num_stages": s} for s in (2, 4))
-             + tuple({"segment_rows": r} for r in (32, 128)))
-SMOKE_TUNE_GRID = ({"block_b": 16, "num_warps": 4, "num_stages": 2, "block_k": 1},
-                   {"block_b": 32, "num_warps": 2, "num_stages": 3, "block_k": 2, "segment_rows": 32})
+TUNE_GRID = tuple((b, w, s) for b in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))
+SMOKE_TUNE_GRID = ((16, 4, 2), (32, 2, 3))
 
 
 @dataclass(frozen=True)
@@ -131,7 +122,7 @@ def _times_ms(fn: Callable[[], object], device: torch.device, warmup: int, repea
 
 def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warmup: int,
          flush: torch.Tensor | None, grid: tuple) -> list[dict]:
-    """Median ms of the group-tile kernels at each TailKernelConfig of grid (dicts of its fields)."""
+    """Median ms of the group-tile kernels at each (block_b, num_warps, num_stages) of grid."""
     from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
     from targets.haste_rec.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
     from targets.haste_rec.triton_tail_backward import tail_backward_input_triton
@@ -139,14 +130,14 @@ def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warm
     shape, h, idx, w, bias, dz, rows, cols, csr = _tail_inputs(cfg, dtype, device,
                                                                torch.Generator(device=device).manual_seed(0))
     out = []
-    for point in grid:
-        c = TailKernelConfig(**point)
+    for block_b, warps, stages in grid:
+        c = TailKernelConfig(block_b, warps, stages)
         ops = {"tail_forward": lambda: tail_forward_triton(h, idx, w, bias, config=c),
                "tail_backward_weight": lambda: tail_backward_weight_triton(dz, h, idx, config=c),
                "tail_backward_input": lambda: tail_backward_input_triton(dz, idx, w, shape["Ht"], csr=csr, config=c),
                "tail_fused_bce": lambda: tail_fused_bce_triton(h, idx, w, bias, None, rows, cols, 1 / shape["B"],
                                                                csr=csr, config=c)}
-        out.append({**{k: getattr(c, k) for k in TUNE_KNOBS},
+        out.append({"block_b": block_b, "num_warps": warps, "num_stages": stages,
                     **{name: statistics.median(_times_ms(fn, device, warmup, repeats, flush))
                        for name, fn in ops.items()}})
     return out
@@ -278,13 +269,13 @@ def markdown(result: dict) -> str:
 
 
 def tune_markdown(rows: list[dict]) -> str:
-    names = [k for k in rows[0] if k not in TUNE_KNOBS]
-    lines = ["| " + " | ".join(TUNE_KNOBS) + " | " + " | ".join(f"{n} ms" for n in names) + " |",
-             "|" + "---|" * (len(TUNE_KNOBS) + len(names))]
+    names = [k for k in rows[0] if k not in ("block_b", "num_warps", "num_stages")]
+    lines = ["| block_b | warps | stages | " + " | ".join(f"{n} ms" for n in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
     best = {n: min(r[n] for r in rows) for n in names}
     for r in rows:
         cells = [f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}" for n in names]
-        lines.append("| " + " | ".join(str(r[k]) for k in TUNE_KNOBS) + " | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['block_b']} | {r['num_warps']} | {r['num_stages']} | " + " | ".join(cells) + " |")
     return "kernel knob sweep (best per column in bold):\n\n" + "\n".join(lines) + "\n"
 
 

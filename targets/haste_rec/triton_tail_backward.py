@@ -5,16 +5,11 @@ HASTE's CUDA kernel computes dX_k = dZ_k W_k per group and atomicAdds it into an
 comment calls that inefficient, and the result depends on the order the atomics land in. Here the
 scatter becomes a gather, in two passes:
 
-1. ``_tail_dx_kernel`` (group tile, BLOCK_K groups per program, grid (K / BLOCK_K,)): dX_k =
-   dZ_k [BLOCK_B, G] @ W_k [G, F] with ``tl.dot`` (dz read as wide [BLOCK_B, BLOCK_K*G] tiles),
-   written to a scratch [K*F, B] whose rows are in *dim order*: slot (k, f) goes to row
-   ``position[k*F + f]`` of the transposed index (``SlotCSR``), as a contiguous run of B.
+1. ``_tail_dx_kernel`` (group tile, grid (K,)): dX_k = dZ_k [BLOCK_B, G] @ W_k [G, F] with
+   ``tl.dot``, written to a scratch [K*F, B] whose rows are in *dim order*: slot (k, f) goes to
+   row ``position[k*F + f]`` of the transposed index (``SlotCSR``), as a contiguous run of B.
 2. ``_segment_sum_kernel`` (grid (Ht, B / BLOCK_R)): dim d sums its contiguous segment of scratch
-   rows ``row_ptr[d]:row_ptr[d+1]`` in a fixed order (fp32), and writes dH[:, d]. BLOCK_R
-   (``TailKernelConfig.segment_rows``, auto 64) only splits the grid: at B=256, Ht=768 BLOCK_R=128
-   made 1,536 long programs, about 1.3-1.5 waves of an H200 (the last wave half idle); 64 makes
-   3,072 half-length ones, each still reading whole 128-B lines of bf16 scratch. The sum order is
-   BLOCK_S's (fixed), so BLOCK_R never changes a bit.
+   rows ``row_ptr[d]:row_ptr[d+1]`` in a fixed order (fp32), and writes dH[:, d].
 
 Every dH element is summed by one program in an order fixed by the CSR and the block sizes, so
 the result is bitwise repeatable (no atomics). The CSR is built once per rewiring (a stable
@@ -28,9 +23,7 @@ dz row, weighted by w) and the fused loss. ``tail_backward_input_atomic`` is HAS
 
 Traffic (``tail_backward_input_traffic``): the minimum (dz, w, idx read once, dH written once;
 ``tail_slots.tail_backward_input_cost``) plus the scratch written and read once: 2*e*B*K*F bytes.
-At B=256, K=20,940, F=64 in bf16 that is 1.37 GB on top of 0.45 GB, about 0.43 ms at 4.24 TB/s:
-with tail_backward_weight's 0.44 GB, 0.53 ms is the floor of this two-slot backward at the copy
-rate. Two launches (plus the scratch allocation).
+At B=256, K=20,940, F=64 in bf16 that is 1.37 GB on top of 0.43 GB, about 0.42 ms at 4.24 TB/s.
 """
 
 from __future__ import annotations
@@ -44,8 +37,7 @@ import triton
 import triton.language as tl
 
 from targets.haste_rec.tail_slots import tail_backward_input_cost
-from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _bmm, _group_index, _group_weights,
-                                           _groups, _label_columns, _load_labels, _load_tile, _pad, check_operand,
+from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _load_tile, _mm, _pad, check_operand,
                                            check_tiles, groups_of)
 from targets.protocol import FlopsBytes
 
@@ -103,35 +95,36 @@ def slot_csr(idx: torch.Tensor, dims: int) -> SlotCSR:
 # ----------------------------------------------------------------------------- pass 1: dX per group
 
 @triton.jit
-def _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_kf, B, stride_ob, ATOMIC: tl.constexpr):
-    """Deliver a [BLOCK_K, BLOCK_B, BLOCK_F] tile of dX: atomically added into fp32 dH[rows, cols], or
-    stored to the dim-ordered scratch at rows ``position`` (each a contiguous run of the batch);
-    cols and position are [BLOCK_K, BLOCK_F], mask_kf their mask."""
-    mask = mask_kf[:, None, :] & mask_b[None, :, None]
+def _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC: tl.constexpr):
+    """Deliver a [BLOCK_B, BLOCK_F] tile of dX: atomically added into fp32 dH[rows, cols], or stored
+    to the dim-ordered scratch at rows ``position`` (each a contiguous run of the batch)."""
+    mask = mask_b[:, None] & mask_f[None, :]
     if ATOMIC:
-        tl.atomic_add(out_ptr + rows[None, :, None] * stride_ob + cols[:, None, :], dx, mask=mask)
+        tl.atomic_add(out_ptr + rows[:, None] * stride_ob + cols[None, :], dx, mask=mask)
     else:
-        tl.store(out_ptr + position[:, None, :] * B + rows[None, :, None], dx.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + position[None, :] * B + rows[:, None], dx.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _tail_dx_kernel(dz_ptr, idx_ptr, w_ptr, pos_ptr, out_ptr,
-                    B, K, G, F,
+                    B, G, F,
                     stride_db, stride_dc, stride_ob,
-                    ATOMIC: tl.constexpr, IEEE: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_G: tl.constexpr,
+                    ATOMIC: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
-    groups, offs_g, offs_f, mask_k, mask_g, mask_f = _groups(K, G, F, BLOCK_K, BLOCK_G, BLOCK_F)
-    mask_kf = mask_k[:, None] & mask_f[None, :]
-    w = _group_weights(w_ptr, groups, offs_g, offs_f, mask_k, mask_g, mask_f, G, F)
-    cols = _group_index(idx_ptr, groups, offs_f, mask_k, mask_f, F)
-    position = _group_index(pos_ptr, groups, offs_f, mask_k, mask_f, F).to(tl.int64)
-    zcols, mask_c = _label_columns(K, G, BLOCK_K, BLOCK_G, EVEN_G)
+    k = tl.program_id(0).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_f = tl.arange(0, BLOCK_F)
+    mask_g = offs_g < G
+    mask_f = offs_f < F
+    w = _load_tile(w_ptr + k * G * F, offs_g, offs_f, F, 1, mask_g, mask_f)
+    cols = tl.load(idx_ptr + k * F + offs_f, mask=mask_f, other=0)
+    position = tl.load(pos_ptr + k * F + offs_f, mask=mask_f, other=0).to(tl.int64)
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        dz = _load_labels(dz_ptr, rows, zcols, mask_b, mask_c, stride_db, stride_dc, BLOCK_K, BLOCK_B, BLOCK_G)
-        dx = _bmm(dz, w, tl.zeros((BLOCK_K, BLOCK_B, BLOCK_F), dtype=tl.float32), IEEE, BLOCK_K)
-        _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_kf, B, stride_ob, ATOMIC)
+        dz = _load_tile(dz_ptr + k * G * stride_dc, rows, offs_g, stride_db, stride_dc, mask_b, mask_g)
+        dx = _mm(dz, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), IEEE)
+        _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC)
 
 
 # ----------------------------------------------------------------------------- pass 2: segmented sum
@@ -163,11 +156,10 @@ def _segment_sum_kernel(src_ptr, perm_ptr, coef_ptr, row_ptr_ptr, out_ptr,
 
 
 def segment_sum(src: torch.Tensor, csr: SlotCSR, batch: int, out: torch.Tensor,
-                coef: torch.Tensor | None = None, fan_in: int = 1, block_r: int = SEGMENT_BLOCK_R) -> torch.Tensor:
+                coef: torch.Tensor | None = None, fan_in: int = 1) -> torch.Tensor:
     """Fill out [B, dims] with each dim's segment of src rows summed (see ``_segment_sum_kernel``);
-    with coef, src rows are labels: slot s reads row s // fan_in, weighted by coef[s]. block_r (batch
-    rows per program) does not change the sums, only how the grid splits the batch."""
-    block_r = min(block_r, _pad(batch))
+    with coef, src rows are labels: slot s reads row s // fan_in, weighted by coef[s]."""
+    block_r = min(SEGMENT_BLOCK_R, _pad(batch))
     grid = (csr.dims, triton.cdiv(batch, block_r))
     _segment_sum_kernel[grid](
         src, csr.perm, src if coef is None else coef, csr.row_ptr, out, batch, fan_in,
@@ -193,12 +185,11 @@ def _checked(dz: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> tuple[int,
 def _launch_dx(dz, idx, w, position, out, atomic: bool, config: TailKernelConfig) -> None:
     B, K, G, F = _checked(dz, idx, w)
     BLOCK_G, BLOCK_F = check_tiles(G, F)
-    block_k = config.groups_per_program(G, F)
-    block_b, num_warps, num_stages = config.resolve(B, G, F, block_k)
-    _tail_dx_kernel[(triton.cdiv(K, block_k),)](
-        dz, idx.contiguous(), w.contiguous(), position, out, B, K, G, F,
+    block_b, num_warps, num_stages = config.resolve(B, G, F)
+    _tail_dx_kernel[(K,)](
+        dz, idx.contiguous(), w.contiguous(), position, out, B, G, F,
         dz.stride(0), dz.stride(1), out.stride(0),
-        ATOMIC=atomic, IEEE=dz.dtype == torch.float32, BLOCK_K=block_k, EVEN_G=G == BLOCK_G,
+        ATOMIC=atomic, IEEE=dz.dtype == torch.float32,
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -218,7 +209,7 @@ def tail_backward_input_triton(dz: torch.Tensor, idx: torch.Tensor, w: torch.Ten
         _launch_dx(dz, idx, w, csr.position, scratch, atomic=False, config=config)
     else:
         scratch.zero_()
-    return segment_sum(scratch, csr, B, dh, block_r=config.segment_block_r(B))
+    return segment_sum(scratch, csr, B, dh)
 
 
 def tail_backward_input_atomic(dz: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, Ht: int,

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")  # without a GPU, this package's __init__ has chosen the interpreter
 
-from benchmarks.kernels import SMOKE, SMOKE_TUNE_GRID, TUNE_GRID, TUNE_KNOBS, main  # noqa: E402
+from benchmarks.kernels import SMOKE, SMOKE_TUNE_GRID, main  # noqa: E402
 
 
 def test_smoke_run(tmp_path, capsys) -> None:
@@ -24,7 +24,7 @@ def test_smoke_run(tmp_path, capsys) -> None:
         names = names or set(rows)
         assert set(rows) == names and all(r["ms"] > 0 and r["repeats"] == 2 for r in rows.values())
         assert rows["triton fused bce fwd+loss+bwd"]["moved_bytes"] > rows["triton fused bce fwd+loss+bwd"]["bytes"]
-        assert [{k: t[k] for k in TUNE_KNOBS if t[k] != "auto"} for t in config["tune"]] == list(SMOKE_TUNE_GRID)
+        assert [(t["block_b"], t["num_warps"], t["num_stages"]) for t in config["tune"]] == list(SMOKE_TUNE_GRID)
         assert all(t[k] > 0 for t in config["tune"] for k in ("tail_forward", "tail_backward_input", "tail_fused_bce"))
         assert set(config["ratios"]) == {"per-label / group-shared fwd", "per-label / group-shared bwd",
                                          "group-shared fwd+bwd / dense FLOPs-matched fwd+bwd"}
@@ -33,10 +33,3 @@ def test_smoke_run(tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert printed.count("| implementation |") == len(SMOKE) and "FAILED" not in printed
     assert printed.count("kernel knob sweep") == len(SMOKE)
-
-
-def test_tune_grid_covers_every_knob() -> None:
-    """The GPU sweep varies each meta-parameter of TailKernelConfig, and starts from the all-auto config."""
-    assert TUNE_GRID[0] == {} and len(set(map(str, TUNE_GRID))) == len(TUNE_GRID)
-    for knob in TUNE_KNOBS:
-        assert len({point.get(knob, "auto") for point in TUNE_GRID}) >= 3, knob

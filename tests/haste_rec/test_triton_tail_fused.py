@@ -1,5 +1,5 @@
 """The fused tail + BCE kernel against the float64 torch reference (loss and every gradient), its
-targets bitmask, its rounding modes, and its autograd Function inside HasteOutput."""
+positives regrouping, its rounding modes, and its autograd Function inside HasteOutput."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.haste_rec.test_triton_tail import (DEVICE, DTYPES, TOL, check_close, 
                                              shape_id)
 from targets.haste_rec.haste import HasteOutput
 from targets.haste_rec.tail_slots import tail_fused_bce, tail_fused_bce_inputs
-from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton, tail_targets
+from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton, tail_positives
 from targets.haste_rec.triton_tail import TailKernelConfig
 
 SHAPES = ({"B": 19, "Ht": 40, "K": 5, "G": 7, "F": 13, "bias": 1, "weight": 1, "P": 40},
@@ -46,17 +46,13 @@ def test_fused_matches_float64_reference(shape: dict, dtype: torch.dtype) -> Non
         "the fused loss and gradients must repeat bit for bit"
 
 
-@pytest.mark.parametrize("block_k", [1, 2, 4])
-def test_small_blocks_repeated_and_outside_positives(block_k: int) -> None:
-    """Several batch chunks and groups per program (K = 7 leaves a ragged last program); a positive
-    listed twice counts once; columns outside the tail and rows outside the batch are ignored."""
-    shape = {"B": 37, "Ht": 30, "K": 7, "G": 5, "F": 7, "bias": 1, "weight": 1, "P": 25}
+def test_small_blocks_repeated_and_outside_positives() -> None:
+    """Several batch chunks; a positive listed twice counts once; columns outside the tail are ignored."""
+    shape = {"B": 37, "Ht": 30, "K": 6, "G": 5, "F": 7, "bias": 1, "weight": 1, "P": 25}
     h, idx, w, bias, cw, rows, cols, scale = make(tail_fused_bce_inputs, shape, torch.float32, seed=2)
-    rows2 = torch.cat([rows, rows[:5], torch.tensor([0, 3, 37, -1], device=DEVICE)])
-    cols2 = torch.cat([cols, cols[:5], torch.tensor([-4, 7 * 5, 2, 2], device=DEVICE)])
-    config = TailKernelConfig(block_b=16, block_k=block_k)
-    with poisoned_allocations():
-        got = tail_fused_bce_triton(h, idx, w, bias, cw, rows2, cols2, scale, config=config)
+    rows2 = torch.cat([rows, rows[:5], torch.tensor([0, 3], device=DEVICE)])
+    cols2 = torch.cat([cols, cols[:5], torch.tensor([-4, 6 * 5], device=DEVICE)])
+    got = tail_fused_bce_triton(h, idx, w, bias, cw, rows2, cols2, scale, config=TailKernelConfig(block_b=16))
     _check_all(got, tail_fused_bce(*f64((h, idx, w, bias, cw, rows, cols, scale))), torch.float32)
 
 
@@ -73,21 +69,13 @@ def test_master_weights_in_fp32() -> None:
         tail_fused_bce_triton(h.to(low), idx, w, bias.double(), cw, rows, cols, scale)
 
 
-def test_tail_targets_bitmask() -> None:
-    """[K, B, ceil(G/32)] int32 words, bit g % 32 of word g // 32; repeats, head columns (negative),
-    columns past the tail and rows outside the batch leave no bit. G = 40: two words, bit 31 (the
-    sign bit) included."""
-    rows = torch.tensor([0, 1, 2, 3, 4, 1, 2, 5, 1], device=DEVICE)
-    cols = torch.tensor([7, 40 + 31, 80 + 39, -1, 3, 40 + 31, 120, 8, 0], device=DEVICE)  # K = 3
-    bits = tail_targets(rows, cols, 5, 3, 40)
-    assert bits.dtype == torch.int32 and bits.shape == (3, 5, 2)
-    want = torch.zeros(3, 5, 40, dtype=torch.bool)
-    for b, c in ((0, 7), (1, 71), (2, 119), (4, 3), (1, 0)):
-        want[c // 40, b, c % 40] = True
-    words = bits.cpu().long() & 0xFFFFFFFF
-    got = (words[:, :, torch.arange(40) // 32] >> (torch.arange(40) % 32)) & 1
-    assert torch.equal(got.bool(), want)
-    assert tail_targets(rows[:0], cols[:0], 5, 3, 40).count_nonzero() == 0
+def test_tail_positives_groups_in_input_order() -> None:
+    rows = torch.tensor([0, 1, 2, 3, 4, 5])
+    cols = torch.tensor([7, 2, 6, -1, 3, 12])  # G = 3, K = 4: groups 2, 0, 2, (head), 1, (past the tail)
+    pos = tail_positives(rows, cols, 4, 3)
+    assert pos.group_ptr.tolist() == [0, 1, 2, 4, 4]
+    assert pos.rows.tolist()[:4] == [1, 4, 0, 2] and pos.cols.tolist()[:4] == [2, 0, 1, 0]
+    assert pos.rows.dtype == pos.cols.dtype == pos.group_ptr.dtype == torch.int32
 
 
 # ----------------------------------------------------------------------------- through HasteOutput
