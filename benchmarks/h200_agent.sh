@@ -14,5 +14,5 @@ timeout 480 python3 -m sg_opt.cli optimize --target haste-rec --size large --dev
 echo "rc $?"; tail -5 "$OUT/optimize_large.err"
 run=$(ls -d "$OUT"/runs/*/ 2>/dev/null | head -1)
 [ -n "$run" ] && cp "$run/report.md" "$OUT/optimize_report.md" && cp "$run/events.jsonl" "$OUT/optimize_events.jsonl"
-[ -n "$run" ] && rm -rf "$run/checkpoints.sqlite" "$run/candidates" "$run/kernel_sets"
+rm -rf "$OUT/runs"
 cat "$OUT/optimize_report.md" 2>/dev/null | head -60
