@@ -3,9 +3,10 @@
 A speedup claim is only as good as its comparison, so every claim here is made the same way:
 
 * **Side by side.** Two long-lived workers (``validators.ab_worker``), one per config, are built and
-  warmed up together, run one untimed settling block each, then run an even number of timed blocks in
-  the balanced order A B B A A B B A ... Each pair of blocks sits in the same minute of machine time
-  and each side goes first in half the pairs, so linear drift (thermal, turbo, a neighbour's load)
+  warmed up one after the other (two builds on the same cores oversubscribe them), run one untimed
+  settling block each, then run an even number of timed blocks in the balanced order A B B A A B B A
+  ... Each pair of blocks sits in the same minute of machine time and each side goes first in half
+  the pairs, so linear drift (thermal, turbo, a neighbour's load)
   cancels instead of favouring whoever ran second.
 * **Same cores.** Both workers are pinned to one CPU set (``shared_cpus``: the last ``threads`` CPUs
   this process may use, or all of them when a spec leaves threads to torch). Left to the scheduler,
@@ -321,8 +322,8 @@ class _Worker:
 
 
 class ABRunner:
-    """Two live workers, started and warmed up together, always torn down on exit; ``roots`` are the code
-    trees they run in (None: the caller's)."""
+    """Two live workers, started and warmed up one after the other, always torn down on exit; ``roots``
+    are the code trees they run in (None: the caller's)."""
 
     def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
                  labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
@@ -337,11 +338,11 @@ class ABRunner:
         self.deadline = time.monotonic() + self.timeout_s
         self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
         try:
-            for side, spec in self.specs.items():
+            for side, spec in self.specs.items():  # one at a time: two builds and warm-ups sharing the
+                # same cores oversubscribe them (2 x torch's threads), which took a 2-core box 5x longer
                 self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
                                              self.cpus, self.roots[side])
-            for side, worker in self.workers.items():
-                self.ready[side] = worker.receive(self.deadline, "ready line")
+                self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise
