@@ -94,6 +94,21 @@ def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> Ben
                      final_loss=values[-1] if values else float("nan"), counters=session.counters())
 
 
+def make_deterministic(device: torch.device) -> None:
+    """A numerics fingerprint must not vary between runs of the same config, or no band means anything.
+
+    On the CPU, torch's multi-threaded reductions change their association with the thread schedule
+    (haste-rec @ small with 2 threads: the same config's loss differs by 4e-7 and its probe by 1.4e-5
+    between two runs; with 1 thread it is bitwise repeatable), so numerics runs use one thread. On
+    CUDA, deterministic algorithms are requested (ops without one warn and stay as they are).
+    """
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    else:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
     """Loss and grad norms per step, then probe outputs and a parameter digest, all at a fixed seed."""
     losses, norms = [], []
@@ -185,6 +200,8 @@ def execute(req: WorkerRequest) -> WorkerResult:
     result = WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size)
     try:
         device = open_device(req)
+        if req.mode == "numerics":
+            make_deterministic(device)
         result.environment = environment(device)
         _, result.config, _, session = build_session(req, device)
         if req.mode == "bench":

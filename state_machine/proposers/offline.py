@@ -76,6 +76,11 @@ CATALOG: tuple[Rule, ...] = (
          "fewer, fused kernels in the encoder", devices=("cuda",)),
 )
 
+# (knob, value) -> the devices where a rule says it applies; the generic sweep respects it too.
+DEVICE_ONLY: dict[tuple[str, str], tuple[str, ...]] = {
+    (name, repr(value)): rule.devices for rule in CATALOG if set(rule.devices) != {"cpu", "cuda"}
+    for name, value in rule.patch.items()}
+
 # Finding category -> knob categories the generic fallback sweeps for it.
 CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
     "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
@@ -137,12 +142,15 @@ def _values(knob: Knob) -> tuple[Any, ...]:
 
 
 def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
+    device = state.device.split(":")[0]
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
         for knob in space:
             if knob.category not in categories:
                 continue
             for value in _values(knob):
+                if device not in DEVICE_ONLY.get((knob.name, repr(value)), (device,)):
+                    continue
                 yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",
                                expected_gain=_gain(finding, GENERIC_PLAUSIBILITY),
                                rationale=f"sweep {knob.name} = {value!r} ({knob.why})"

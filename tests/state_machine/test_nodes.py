@@ -106,6 +106,8 @@ def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
     first = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=3)
     assert first[0].patch == {"embedding_grad_mode": "fused"}  # largest gain x plausibility
     assert all("prefetch_to_device" not in p.patch for p in first)  # a CUDA-only rule on a CPU run
+    every = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=200)
+    assert all(p.patch.get("tail_backend") not in ("triton", "triton-fused-loss") for p in every)  # nor its sweep
     cuda = propose_offline(state.model_copy(update={"findings": findings, "device": "cuda"}), ctx, limit=20)
     assert any(p.patch.get("prefetch_to_device") for p in cuda) is False  # needs data_workers > 0 first
     assert any(p.patch.get("optimizer_impl") == "fused" for p in cuda)
