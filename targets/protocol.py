@@ -40,6 +40,7 @@ class Knob:
     choices: tuple[Any, ...] = ()
     low: float | None = None
     high: float | None = None
+    active_when: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (knob, values): it has an effect only then
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -47,6 +48,10 @@ class Knob:
         if self.numerics not in NUMERICS_CLASSES:
             raise ValueError(f"knob {self.name}: unknown numerics class {self.numerics!r}")
         self.validate(self.default)
+
+    def is_active(self, config: Mapping[str, Any]) -> bool:
+        """Whether the knob has any effect under a resolved config (a tile size of an unused kernel has none)."""
+        return all(config.get(name) in values for name, values in self.active_when)
 
     def domain(self) -> str:
         """The domain as a short human-readable string."""

@@ -143,10 +143,11 @@ def _values(knob: Knob) -> tuple[Any, ...]:
 
 def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
     device = state.device.split(":")[0]
+    current = space.resolve(state.incumbent.config)
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
         for knob in space:
-            if knob.category not in categories:
+            if knob.category not in categories or not knob.is_active(current):
                 continue
             for value in _values(knob):
                 if device not in DEVICE_ONLY.get((knob.name, repr(value)), (device,)):

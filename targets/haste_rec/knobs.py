@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from targets.protocol import Constraint, Knob, KnobSpace
 
-PRESET = "preset"  # a model-shape knob at this value takes the size preset's number
+PRESET = "preset"
+TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the tail's tile knobs matter  # a model-shape knob at this value takes the size preset's number
 
 KNOBS = (
     Knob("precision", "choice", "fp32", category="precision", numerics="precision",
@@ -27,13 +28,15 @@ KNOBS = (
              "tail's BCE loss and all its gradients into one pass, so the B x L logits are never written"),
     Knob("tail_block_b", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 16, 32, 64, 128),
          why="batch rows per tile of the Triton tail kernels (tl.dot's M): larger tiles reuse each group's weights "
-             "more but hold more registers; it sets the chunking of the weight-gradient sums (auto: a fixed shape rule)"),
+             "more but hold more registers; it sets the chunking of the weight-gradient sums (auto: a fixed shape rule)",
+         active_when=TRITON_TAIL),
     Knob("tail_num_warps", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 2, 4, 8),
          why="warps per program of the Triton tail kernels: more warps hide more latency but can change the MMA "
-             "instruction (auto: a fixed shape rule)"),
+             "instruction (auto: a fixed shape rule)", active_when=TRITON_TAIL),
     Knob("tail_num_stages", "choice", "auto", category="kernel", numerics="exact", choices=("auto", 1, 2, 3, 4),
          why="software-pipelining depth of the Triton tail kernels' batch loop: deeper stages prefetch the next "
-             "gathered tile while the current one multiplies, at the cost of shared memory; no change to the sums"),
+             "gathered tile while the current one multiplies, at the cost of shared memory; no change to the sums",
+         active_when=TRITON_TAIL),
     Knob("embedding_placement", "choice", "device", category="embedding", numerics="reorder",
          choices=("device", "host", "cached"),
          why="device is simplest while the tables fit in device memory; host frees it; cached keeps the hot rows "

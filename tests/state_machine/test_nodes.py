@@ -109,7 +109,7 @@ def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
     every = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=200)
     assert all(p.patch.get("tail_backend") not in ("triton", "triton-fused-loss") for p in every)  # nor its sweep
     cuda = propose_offline(state.model_copy(update={"findings": findings, "device": "cuda"}), ctx, limit=20)
-    assert any(p.patch.get("prefetch_to_device") for p in cuda) is False  # needs data_workers > 0 first
+    assert all(p.proposer != "offline:pinned-prefetch" for p in cuda)  # the rule needs data_workers > 0 first
     assert any(p.patch.get("optimizer_impl") == "fused" for p in cuda)
 
 
@@ -153,3 +153,13 @@ def test_llm_reply_becomes_proposals_with_parsed_values(state, ctx):
     assert first.patch == {"data_workers": 2} and first.kind == "knob" and first.proposer == "llm:ultra"
     assert second.kind == "kernel" and second.patch == {"precision": "fp8"}  # left for check to reject
     assert list(second.kernel_sources) == ["tail_forward"]
+
+
+def test_offline_sweeps_only_knobs_that_have_an_effect(state, ctx):
+    findings = [finding("tail-gather-bound", 0.3, 1.5)]
+    torch_tail = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=200)
+    assert not any(k.startswith("tail_block") or k.startswith("tail_num") for p in torch_tail for k in p.patch)
+    triton_tail = state.model_copy(update={"findings": findings, "device": "cuda",
+                                           "incumbent": state.incumbent.model_copy(
+                                               update={"config": {"tail_backend": "triton"}})})
+    assert any("tail_block_b" in p.patch for p in propose_offline(triton_tail, ctx, limit=200))
