@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from pydantic import BaseModel
+
 from sg_opt.tiers import Price, price_for
 from state_machine.llm_interfaces import BudgetExceeded, Usage
 
@@ -52,9 +54,8 @@ def worst_case_cost(price: Price, prompt_tokens: int, max_output_tokens: int) ->
     return (prompt_tokens * price.input + max_output_tokens * price.output) / PER_MILLION
 
 
-@dataclass
-class Total:
-    """Tokens, dollars and calls summed over some rows."""
+class Total(BaseModel):
+    """Tokens, dollars and calls summed over some rows (also the spend record of summary.json)."""
 
     calls: int = 0
     failed_calls: int = 0

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from profilers.records import Ceilings, ProfileResult
-from sg_opt.ledger import TokenLedger
+from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, RunState
 from validators.speedup import ABResult, NoiseFloor
 
@@ -45,16 +45,6 @@ class CandidateRow(BaseModel):
     expected_gain: float | None = None
     wall_s: float = 0.0
     decided_at_s: float | None = Field(None, description="seconds from the run's start to its verdict")
-
-
-class Spend(BaseModel):
-    calls: int = 0
-    failed_calls: int = 0
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_usd: float = 0.0
 
 
 class LLMCall(BaseModel):
@@ -194,7 +184,7 @@ def _spend(run_dir: Path) -> tuple[Spend, dict[str, Spend], list[LLMCall]]:
     ledger = TokenLedger(run_dir, prices={}, budget_usd=0.0)
     totals = ledger.totals()
     calls = [LLMCall.model_validate({k: v for k, v in row.items() if k in LLMCall.model_fields}) for row in ledger.rows]
-    return (Spend(**vars(totals.overall)), {tier: Spend(**vars(total)) for tier, total in totals.by_tier.items()},
+    return (totals.overall, dict(totals.by_tier),
             calls)
 
 
