@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from targets.haste_rec.tail_slots import tail_backward_input_cost
-from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _load_tile, _mm, _pad, check_operand,
-                                           check_tiles, groups_of)
+from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _group_operands, _load_tile, _mm, _pad,
+                                           check_operand, check_tiles, groups_of)
 from targets.protocol import FlopsBytes
 
 SEGMENT_BLOCK_S = 32    # scratch rows one segmented-sum step reads
@@ -112,12 +112,7 @@ def _tail_dx_kernel(dz_ptr, idx_ptr, w_ptr, pos_ptr, out_ptr,
                     ATOMIC: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_f = tl.arange(0, BLOCK_F)
-    mask_g = offs_g < G
-    mask_f = offs_f < F
-    w = _load_tile(w_ptr + k * G * F, offs_g, offs_f, F, 1, mask_g, mask_f)
-    cols = tl.load(idx_ptr + k * F + offs_f, mask=mask_f, other=0)
+    cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
     position = tl.load(pos_ptr + k * F + offs_f, mask=mask_f, other=0).to(tl.int64)
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)

@@ -12,17 +12,12 @@ from targets.haste_rec.target import build
 from targets.haste_rec.triton_tail import TailKernelConfig
 from targets.protocol import ConfigError
 from targets.worker_protocol import NumericsData
+from tests.haste_rec.test_trainer import one_thread  # noqa: F401 (autouse fixture: bitwise-repeatable sums)
 from validators.numerics import compare
 
 TRITON_BACKENDS = ("triton", "triton-fused-loss")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def numerics(overrides: dict, device: str, steps: int, seed: int = 0) -> NumericsData:

@@ -15,7 +15,7 @@ from sg_opt.llm_client import NO_KEY, LLMFatalError, OpenAIClient, make_client
 from sg_opt.tiers import Price, load_tiers
 from state_machine.llm_interfaces import LLM, BudgetExceeded, Completion, LLMError
 from targets.protocol import ConfigError
-from tests.fixtures.openai_server import (openai_server, reply_body, reply_delay, reply_json,  # noqa: F401
+from tests.fixtures.openai_server import (reply_body, reply_delay, reply_json,
                                           reply_raw, reply_status)
 
 KEY = "sk-test-Zq8vN3xK7pL2mW9rT4yB6cD1"

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
-from tests.fixtures.openai_server import openai_server, reply_delay, reply_json, reply_raw, reply_status  # noqa: F401
+from tests.fixtures.openai_server import reply_delay, reply_json, reply_raw, reply_status
 
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 FAKE_KEY = "sk-test-DO-NOT-LEAK-4242424242"

@@ -12,66 +12,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
-from sg_opt.ledger import TokenLedger
 from sg_opt.summary import SUMMARY_SCHEMA_VERSION
-from sg_opt.tiers import Price
-from state_machine.llm_interfaces import Usage
 
-ROOT = Path(__file__).resolve().parents[2]
 FINE = Path(__file__).with_name("test_report_fine.json")
 WALL = re.compile(r"Wall time [0-9.]+ min")
 REPORT_FILES = ("report.md", "report.html", "summary.json", "best_config.toml")
-
-
-_BUILT: dict[str, Path] = {}  # one real run per session, shared by this module and test_report_browser
-
-
-def agent_run_dir(factory) -> Path:
-    if "agent" not in _BUILT:
-        out = factory.mktemp("runs")
-        cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "tests.fixtures.agent_target:target",
-               "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2", "--out", str(out), "--json"]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
-        assert done.returncode == 0, done.stderr[-3000:]
-        (_BUILT["agent"],) = [p for p in out.iterdir() if p.is_dir()]
-    return _BUILT["agent"]
-
-
-def rich_run_dir(factory) -> Path:
-    if "rich" not in _BUILT:
-        agent = agent_run_dir(factory)
-        run_dir = factory.mktemp("rich") / agent.name
-        shutil.copytree(agent, run_dir)
-        prices = {"m-normal": Price(input=1.0, output=4.0), "m-ultra": Price(input=3.0, output=12.0)}
-        ledger = TokenLedger(run_dir, prices, budget_usd=10.0)
-        for tier, ok in (("normal", True), ("normal", False), ("ultra", True), ("ultra", True)):
-            ledger.record("propose", tier, f"m-{tier}", Usage(input_tokens=12_000, cached_input_tokens=2_000,
-                                                              output_tokens=900, reasoning_tokens=300), 1.5, ok=ok)
-        profile = run_dir / "profiles" / "01.json"
-        data = json.loads(profile.read_text())
-        data["fine"] = json.loads(FINE.read_text())
-        profile.write_text(json.dumps(data))
-        assert invoke("report", str(run_dir)).exit_code == 0
-        _BUILT["rich"] = run_dir
-    return _BUILT["rich"]
-
-
-@pytest.fixture(scope="session")
-def agent_run(tmp_path_factory) -> Path:
-    return agent_run_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def rich_run(tmp_path_factory) -> Path:
-    return rich_run_dir(tmp_path_factory)
 
 
 def invoke(*args: str):

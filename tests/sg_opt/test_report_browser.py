@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sg_opt.test_report import agent_run_dir, invoke, rich_run_dir
+from tests.sg_opt.test_report import invoke
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -34,16 +34,6 @@ def browser():
         browser = p.chromium.launch(executable_path=executable)
         yield browser
         browser.close()
-
-
-@pytest.fixture(scope="session")
-def agent_run(tmp_path_factory) -> Path:
-    return agent_run_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def rich_run(tmp_path_factory) -> Path:
-    return rich_run_dir(tmp_path_factory)
 
 
 PLOTS_JS = """() => [...document.querySelectorAll('svg[data-plot]')].map(svg => {
