@@ -7,6 +7,7 @@ input is checked here before the first worker starts, so a mistake costs a secon
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,6 @@ def start(request: RunRequest, out: str, console: Console, quiet: bool = False) 
     try:
         ctx, state = build_context(request, run_dir)
     except ConfigError:
-        import shutil
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise
     return _drive(ctx, state, request, run_dir, console, quiet)

@@ -211,8 +211,8 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     except ConfigError as exc:
         return _reject("check", str(exc))
     cand = cand.model_copy(update={"patch": patch})
-    model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != space.resolve(
-        state.incumbent.config)[n]]
+    current = space.resolve(state.incumbent.config)
+    model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != current[n]]
     if model_knobs and not state.allow_model_changes:
         return _reject("check", f"{', '.join(model_knobs)} change the model (numerics class model); "
                                 "pass --allow-model-changes to allow that")
@@ -227,7 +227,7 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     kernels = candidate_kernels(state, cand)
     digest = config_digest(resolved, kernels)
     seen = {e.digest: f"candidate #{e.candidate.id}" for e in state.history if e.digest}
-    seen[config_digest(space.resolve(state.incumbent.config), state.incumbent.kernels)] = "the incumbent"
+    seen[config_digest(current, state.incumbent.kernels)] = "the incumbent"
     if digest in seen:
         return _reject("check", f"a duplicate of {seen[digest]}")
     return {"current": cand, "current_digest": digest,
@@ -300,8 +300,7 @@ def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Record the verdict; an accepted candidate becomes the incumbent."""
     cand, verdict = state.current, state.current_verdict
     record = Evaluated(candidate=cand, verdict=verdict, incumbent_id=state.incumbent.from_candidate,
-                       config=candidate_config(state, cand), digest=state.current_digest if verdict.stage != "check"
-                       else None)
+                       config=candidate_config(state, cand), digest=state.current_digest)  # None unless check passed
     ctx.event(state.run_dir, "decide", id=cand.id, accepted=verdict.accepted, stage=verdict.stage,
               reason=verdict.reason, ratio=verdict.ratio)
     updates: dict[str, Any] = {"history": state.history + [record], "current": None, "current_verdict": None,

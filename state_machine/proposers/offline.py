@@ -90,14 +90,22 @@ CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _tried(state: RunState) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
-    """(knob, value) pairs of rejected candidates, and the knob overrides of every knob-only candidate."""
+def _tried(state: RunState, space: KnobSpace) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
+    """(knob, value) pairs of rejected candidates, and the resolved configs of every knob-only candidate
+    (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is skipped)."""
     rejected = {(k, repr(v)) for e in state.history if not e.verdict.accepted for k, v in e.candidate.patch.items()}
-    seen = [e.config for e in state.history if not e.candidate.kernels]
+    seen = []
+    for e in state.history:
+        if not e.candidate.kernels:
+            try:
+                seen.append(space.resolve(e.config))
+            except ConfigError:
+                continue
     return rejected, seen
 
 
-def _applicable(space: KnobSpace, state: RunState, patch: Mapping[str, Any]) -> bool:
+def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Valid, a real change from the resolved incumbent ``current``, and not a model change unless allowed."""
     names = {k.name for k in space}
     if not set(patch) <= names:
         return False
@@ -107,7 +115,6 @@ def _applicable(space: KnobSpace, state: RunState, patch: Mapping[str, Any]) -> 
         space.resolve({**state.incumbent.config, **patch})
     except ConfigError:
         return False
-    current = space.resolve(state.incumbent.config)
     changes = {k: v for k, v in patch.items() if current[k] != v}
     if not changes:
         return False
@@ -161,16 +168,17 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
 def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:
     """The ``limit`` most promising untried knob patches (empty when nothing is left to try)."""
     space = ctx.target.knob_space
-    rejected, seen = _tried(state)
+    rejected, seen = _tried(state, space)
+    current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
                     + list(_generic_proposals(state, space, state.findings)),
                     key=lambda p: -(p.expected_gain or 0.0))  # stable: catalog order breaks ties
     chosen: list[Proposal] = []
     for proposal in ranked:
         config = {**state.incumbent.config, **proposal.patch}
-        if (not _applicable(space, state, proposal.patch)
+        if (not _applicable(space, state, current, proposal.patch)
                 or any((k, repr(v)) in rejected for k, v in proposal.patch.items())
-                or any(space.resolve(config) == space.resolve(s) for s in seen)
+                or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue
         chosen.append(proposal)
