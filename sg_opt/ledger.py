@@ -11,7 +11,6 @@ together either.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from collections import defaultdict
@@ -28,19 +27,6 @@ from state_machine.llm_interfaces import BudgetExceeded, Usage
 LEDGER_FILE = "ledger.jsonl"
 ROW_VERSION = 1
 PER_MILLION = 1_000_000
-CHARS_PER_TOKEN = 3  # OpenAI tokenizers average ~4 characters a token on English and code
-MESSAGE_OVERHEAD_TOKENS = 16  # role markers and framing around each text sent
-
-
-def estimate_tokens(*texts: str) -> int:
-    """A deliberately high estimate of the prompt tokens for ``texts`` (system, prompt, schema...).
-
-    OpenAI's tokenizers average about 4 characters per token; dividing by 3 and adding per-message
-    framing leaves room for symbol-dense code, which tokenizes worse. It is no strict bound (only
-    byte count is), but ``authorize`` also assumes the full ``max_output_tokens``, which dwarfs any
-    shortfall here, and the real count from ``usage`` is what gets recorded.
-    """
-    return sum(math.ceil(len(text) / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS for text in texts)
 
 
 def call_cost(price: Price, usage: Usage) -> float:

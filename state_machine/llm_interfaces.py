@@ -7,9 +7,13 @@ anything else that does (for instance a real client pointed at a scripted server
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
+
+CHARS_PER_TOKEN = 3  # OpenAI tokenizers average ~4 characters a token on English and code
+MESSAGE_OVERHEAD_TOKENS = 16  # role markers and framing around each text sent
 
 
 class Usage(BaseModel):
@@ -70,3 +74,14 @@ class Ledger(Protocol):
 
     def spent_usd(self) -> float:
         """Dollars spent so far in this run."""
+
+
+def estimate_tokens(*texts: str) -> int:
+    """A deliberately high estimate of the prompt tokens for ``texts`` (system, prompt, schema...).
+
+    OpenAI's tokenizers average about 4 characters per token; dividing by 3 and adding per-message
+    framing leaves room for symbol-dense code, which tokenizes worse. It is no strict bound (only
+    byte count is), but ``authorize`` also assumes the full ``max_output_tokens``, which dwarfs any
+    shortfall here, and the real count from ``usage`` is what gets recorded.
+    """
+    return sum(math.ceil(len(text) / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS for text in texts)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from state_machine.context import RunContext
-from state_machine.llm_interfaces import LLMError
+from state_machine.llm_interfaces import LLMError, estimate_tokens
 from state_machine.proposers import Proposal
 from state_machine.state import RunState
 from targets.protocol import ConfigError, KnobSpace, Target
@@ -51,11 +51,6 @@ REPLY_SCHEMA: dict[str, Any] = {
         }}}},
 }
 MAX_HISTORY = 30
-
-
-def estimate_tokens(text: str) -> int:
-    """An upper estimate of a text's tokens: one per 3 characters (English and code average ~4)."""
-    return len(text) // 3 + 16
 
 
 def _knob_lines(space: KnobSpace, state: RunState) -> list[str]:
@@ -144,7 +139,7 @@ def propose_llm(state: RunState, ctx: RunContext) -> list[Proposal]:
         raise RuntimeError(f"tier {ctx.policy.tier} needs an LLM client and a ledger")
     prompt = build_prompt(state, ctx)
     policy = ctx.policy
-    ctx.ledger.authorize(NODE, policy.tier, ctx.llm.model, estimate_tokens(SYSTEM + prompt), policy.max_output_tokens)
+    ctx.ledger.authorize(NODE, policy.tier, ctx.llm.model, estimate_tokens(SYSTEM, prompt, json.dumps(REPLY_SCHEMA)), policy.max_output_tokens)
     try:
         reply = ctx.llm.complete(SYSTEM, prompt, REPLY_SCHEMA, "sg_opt_candidates", policy.max_output_tokens,
                                  policy.reasoning_effort)

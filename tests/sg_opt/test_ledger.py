@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sg_opt.ledger import TokenLedger, call_cost, estimate_tokens
+from sg_opt.ledger import TokenLedger, call_cost
 from sg_opt.tiers import Price
-from state_machine.llm_interfaces import BudgetExceeded, Ledger, Usage
+from state_machine.llm_interfaces import BudgetExceeded, Ledger, Usage, estimate_tokens
 from targets.protocol import ConfigError
 
 PRICES = {"m": Price(input=2.0, cached_input=0.5, output=8.0)}

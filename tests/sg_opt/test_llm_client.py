@@ -10,10 +10,10 @@ import traceback
 
 import pytest
 
-from sg_opt.ledger import TokenLedger, estimate_tokens
+from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import NO_KEY, LLMFatalError, OpenAIClient, make_client
 from sg_opt.tiers import Price, load_tiers
-from state_machine.llm_interfaces import LLM, BudgetExceeded, Completion, LLMError
+from state_machine.llm_interfaces import LLM, BudgetExceeded, Completion, LLMError, estimate_tokens
 from targets.protocol import ConfigError
 from tests.fixtures.openai_server import (reply_body, reply_delay, reply_json,
                                           reply_raw, reply_status)
