@@ -21,7 +21,7 @@ from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import check_reachable, make_client
 from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, create_run, find_run
-from sg_opt.summary import Summary, build_summary, describe_change
+from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
 from sg_opt.tiers import load_tiers
 from state_machine import graph
 from state_machine.context import ProposerPolicy, RunContext
@@ -151,4 +151,5 @@ def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir
         ctx.on_event = view.on_event
         with view.live:
             final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
-    return final, build_summary(final)
+    written = run_dir / SUMMARY_FILE  # the report node wrote it from the same final state
+    return final, (Summary.model_validate_json(written.read_text()) if written.is_file() else build_summary(final))
