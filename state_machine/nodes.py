@@ -27,7 +27,7 @@ from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasuremen
                                  loosest)
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
-from targets.worker_protocol import NumericsData, WorkerResult
+from targets.worker_protocol import WorkerResult
 from validators.kernel import validate_kernel_file
 from validators.numerics import compare
 from validators.source import check_source
