@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from profilers.records import PROFILE_SCHEMA_VERSION, Ceilings
+from targets.protocol import user_cache_dir
 
 CPU_MATMUL_TARGET_S = 0.2
 
@@ -58,8 +59,7 @@ PLANS = {  # (device type, quick) -> plan
 
 # ----------------------------------------------------------------------------- cache
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sg-opt"
+cache_dir = user_cache_dir
 
 
 def device_name(device: torch.device) -> str:
@@ -109,7 +109,8 @@ def get_ceilings(device: torch.device | str, refresh: bool = False, quick: bool 
     path = cache_path(device, quick)
     if not refresh:
         cached = _read(path, device_key(device), quick)
-        if cached is not None:
+        stale = cached is not None and device.type == "cuda" and cached.bus_bytes_per_s is None  # pre-bus record
+        if cached is not None and not stale:
             return cached
     ceilings = measure_ceilings(device, quick)
     _write(path, ceilings)
@@ -183,6 +184,13 @@ def _copy_bytes_per_s(nbytes: int, device: torch.device, warmup: int, repeats: i
     return 2 * nbytes / seconds
 
 
+def _bus_bytes_per_s(nbytes: int, device: torch.device, warmup: int, repeats: int) -> float:
+    """Host-to-device bandwidth of a pinned copy: what cache misses and host rows cross at best."""
+    src = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return nbytes / median_seconds(lambda: dst.copy_(src, non_blocking=True), device, warmup, repeats)
+
+
 def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceilings:
     """Run the micro-benchmarks now (no cache)."""
     device = _concrete(torch.device(device))
@@ -196,9 +204,10 @@ def measure_ceilings(device: torch.device | str, quick: bool = False) -> Ceiling
         flops[dtype_name(dtype)] = 2 * n ** 3 / _matmul_seconds(n, dtype, device, plan.warmup, plan.repeats)
         matmul_size[dtype_name(dtype)] = n
     bandwidth = _copy_bytes_per_s(plan.copy_bytes, device, plan.warmup, plan.repeats)
+    bus = _bus_bytes_per_s(plan.copy_bytes // 4, device, plan.warmup, plan.repeats) if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return Ceilings(device_key=device_key(device), device_name=device_name(device), torch=torch.__version__,
                     measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), quick=quick,
                     matmul_flops_per_s=flops, matmul_size=matmul_size, copy_bytes_per_s=bandwidth,
-                    copy_bytes=plan.copy_bytes)
+                    copy_bytes=plan.copy_bytes, bus_bytes_per_s=bus)

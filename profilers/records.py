@@ -18,7 +18,7 @@ from targets.worker_protocol import RunResult, WorkerRequest
 PROFILE_SCHEMA_VERSION = 1
 
 FindingCategory = Literal["embedding-bound", "tail-gather-bound", "launch/host-bound", "data-wait", "optimizer",
-                          "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss"]
+                          "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss", "backward"]
 
 
 # ----------------------------------------------------------------------------- coarse
@@ -93,6 +93,8 @@ class Ceilings(BaseModel):
     matmul_size: dict[str, int] = Field(description="dtype name -> n of the n x n x n matmul timed")
     copy_bytes_per_s: float = Field(description="median bytes read + written per second of a large copy")
     copy_bytes: int = Field(description="size of the copied buffer")
+    bus_bytes_per_s: float | None = Field(None, description="median host-to-device bytes per second of a pinned "
+                                                            "copy (CUDA only; None on a CPU, whose tables are local)")
 
     def peak_flops(self, dtype: str) -> float:
         """The matmul ceiling for a dtype name ('bfloat16'); float32's when that dtype was not measured."""
@@ -189,10 +191,41 @@ class ProfileRequest(WorkerRequest):
     trace: str | None = Field(None, description="write the Chrome trace of the profiled steps here")
 
 
+class PhaseFloor(BaseModel):
+    """One phase's least work and the time it needs at the measured ceilings."""
+
+    flops: float
+    bytes: float = Field(description="device memory bytes read + written")
+    bus_bytes: float = Field(description="host<->device bytes")
+    dtype: str = Field(description="the matmul ceiling the FLOPs run at")
+    floor_s: float = Field(description="max(flops / matmul ceiling, bytes / copy ceiling) + bus_bytes / bus ceiling")
+    bound: Literal["compute", "memory", "bus", "none"] = Field(description="which term sets the floor")
+    measured_s: float | None = Field(None, description="the phase's time per profiled step (share x step)")
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over floor: how far the phase is from the hardware (None without both)."""
+        return self.measured_s / self.floor_s if self.measured_s is not None and self.floor_s > 0 else None
+
+
+class StepFloor(BaseModel):
+    """The step's roofline floor: the sum of its phases' floors (phases run one after another)."""
+
+    phases: dict[str, PhaseFloor]
+    floor_s: float
+    measured_s: float | None = Field(None, description="the unprofiled step time it is compared with")
+    ceilings_quick: bool = Field(description="the ceilings were the quick test measurement")
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured_s / self.floor_s if self.measured_s is not None and self.floor_s > 0 else None
+
+
 class ProfileResult(RunResult):
     version: int = PROFILE_SCHEMA_VERSION
     coarse: CoarseProfile | None = None
     fine: FineProfile | None = None
+    floor: StepFloor | None = Field(None, description="the roofline floor, when the target has a work model")
     findings: list[Finding] = Field(default_factory=list, description="ranked, largest Amdahl gain first")
     counters: dict[str, float] = Field(default_factory=dict, description="the session's counters at the end")
     notes: list[str] = Field(default_factory=list, description="what was skipped and why")

@@ -18,8 +18,9 @@ from profilers.ceilings import get_ceilings
 from profilers.coarse import profile_session
 from profilers.fine import HASTE_REC_SLOT_PHASES, haste_rec_slot_dtype, haste_rec_slot_shapes, profile_slots
 from profilers.findings import findings
+from profilers.floor import step_floor
 from profilers.op_timing import time_top_ops
-from profilers.records import FineProfile, ProfileRequest, ProfileResult
+from profilers.records import CoarseProfile, FineProfile, ProfileRequest, ProfileResult, StepFloor
 from targets.protocol import Session, Target
 from targets.worker import build_session, environment, failure_of, open_device, serve_request_file
 
@@ -41,6 +42,15 @@ def _fine(req: ProfileRequest, target: Target, kernels: dict, session: Session, 
     return fine
 
 
+def _floor(req: ProfileRequest, session: Session, device: torch.device, coarse: CoarseProfile) -> StepFloor | None:
+    """The step's roofline floor, when the session has a work model (see profilers.floor)."""
+    work_model = getattr(session, "work_model", None)
+    if work_model is None:
+        return None
+    bus = (coarse.session_bytes_h2d_per_step or 0.0) + (coarse.session_bytes_d2h_per_step or 0.0)
+    return step_floor(work_model(bus), get_ceilings(device, quick=req.quick_ceilings), coarse)
+
+
 def execute(req: ProfileRequest) -> ProfileResult:
     """Profile the request's config; every failure the workload raises becomes a structured result."""
     start = time.perf_counter()
@@ -52,6 +62,7 @@ def execute(req: ProfileRequest) -> ProfileResult:
         result.coarse = profile_session(session, device, req.warmup, req.profile_steps, req.trace)
         result.counters = session.counters()
         result.fine = _fine(req, target, kernels, session, device, result) if req.fine else None
+        result.floor = _floor(req, session, device, result.coarse)
         result.findings = findings(result.coarse, result.fine, result.counters, result.config)
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure

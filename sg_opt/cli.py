@@ -219,6 +219,9 @@ def optimize(
     target: str = TARGET_OPT, size: str = SIZE_OPT, config: Optional[str] = CONFIG_OPT,
     set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
     tier: str = typer.Option("offline", help="offline (rule catalog, no LLM, $0), normal or ultra"),
+    search: str = typer.Option("rules", "--search", help="the offline tier's proposer: rules (the catalog) or "
+                                                         "tpe (Optuna's TPE sampler over the knob space, the "
+                                                         "oracle of benchmarks/search_vs_optuna.py; needs optuna)"),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="a TOML file of tiers and prices merged over "
                                                                "the packaged ones"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="an OpenAI-compatible endpoint (vLLM, "
@@ -262,10 +265,12 @@ def optimize(
             overrides = _inputs(target, size, config, set_, data)
             plan = {"blocks": blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
                     **({"block_steps": block_steps} if block_steps else {})}
-            request = RunRequest(run_id=new_run_id(target, size, tier), target=target, size=size,
+            run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
+            request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
-                                 threads=threads, tier=tier, tiers_file=tiers, base_url=base_url, model=model,
-                                 llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters, max_minutes=max_minutes,
+                                 threads=threads, tier=tier, search=search, tiers_file=tiers, base_url=base_url,
+                                 model=model, llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters,
+                                 max_minutes=max_minutes,
                                  allow_model_changes=allow_model_changes, plan=plan)
             final, summary = agent.start(request, out, console, quiet)
     except ConfigError as exc:

@@ -24,10 +24,22 @@ from sg_opt.run_store import RunRequest, create_run, find_run
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
 from sg_opt.tiers import load_tiers
 from state_machine import graph
-from state_machine.context import ProposerPolicy, RunContext
+from state_machine.context import SEARCHES, ProposerPolicy, RunContext
+from state_machine.proposers.tpe import require_optuna
 from state_machine.state import EvalPlan, Limits, RunState
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
+
+
+def check_search(search: str, tier: str) -> None:
+    """ConfigError unless the proposer asked for exists for the tier and can be imported."""
+    if search not in SEARCHES:
+        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    if search == "tpe":
+        if tier != "offline":
+            raise ConfigError(f"--search tpe replaces the offline tier's rule catalog; it cannot run with "
+                              f"--tier {tier}")
+        require_optuna()
 
 
 def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunState]:
@@ -37,15 +49,16 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     target.knob_space.resolve(request.config)
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
+    check_search(request.search, tier.name)
     budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
     llm = make_client(tier, request.base_url, request.model, request.llm_timeout_s)
     if llm is not None and request.base_url:
         check_reachable(request.base_url)
     ledger = TokenLedger(run_dir, tiers.prices, budget, models=[llm.model] if llm else [])
     ledger.path.touch()  # every run has a ledger, even one that makes no call
-    policy = ProposerPolicy(tier=tier.name, candidates_per_iteration=tier.candidates_per_iteration,
-                            kinds=tuple(tier.kinds), reasoning_effort=tier.reasoning_effort,
-                            max_output_tokens=tier.max_output_tokens)
+    policy = ProposerPolicy(tier=tier.name, search=request.search,
+                            candidates_per_iteration=tier.candidates_per_iteration, kinds=tuple(tier.kinds),
+                            reasoning_effort=tier.reasoning_effort, max_output_tokens=tier.max_output_tokens)
     ctx = RunContext(target=target, policy=policy, llm=llm, ledger=ledger,
                      write_report=lambda state: write_report(state, target))
     try:

@@ -5,11 +5,27 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from profilers.records import ProfileResult
+from profilers.floor import floor_sentence
+from profilers.records import ProfileResult, StepFloor
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.2f}"
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None else f"x{r:.1f}"
+
+
+def _render_floor(floor: StepFloor, console: Console) -> None:
+    table = Table(title="phases against their roofline floor (least work at the measured ceilings)")
+    for col in ("phase", "measured ms", "floor ms", "over floor", "bound", "GFLOP", "device MB", "bus MB"):
+        table.add_column(col, justify="left" if col in ("phase", "bound") else "right")
+    for name, p in floor.phases.items():
+        table.add_row(name, _ms(p.measured_s), f"{1e3 * p.floor_s:.4f}", _ratio(p.ratio), p.bound,
+                      f"{p.flops / 1e9:.3g}", f"{p.bytes / 1e6:.3g}", f"{p.bus_bytes / 1e6:.3g}")
+    console.print(table)
+    console.print(floor_sentence(floor))
 
 
 def render(result: ProfileResult, console: Console) -> None:
@@ -24,6 +40,8 @@ def render(result: ProfileResult, console: Console) -> None:
     for name, p in coarse.phases.items():
         phases.add_row(name, _ms(p.host_s), _ms(p.host_wait_s), _ms(p.device_s), f"{100 * p.share:.1f}%")
     console.print(phases)
+    if result.floor is not None:
+        _render_floor(result.floor, console)
     ops = Table(title=f"top ops by self {coarse.time_basis} time")
     for col in ("op", "ms / step", "calls / step", "share"):
         ops.add_column(col, justify="right" if col != "op" else "left", overflow="fold")

@@ -142,6 +142,30 @@ def _phase_line(s: Summary) -> str | None:
             + ", ".join(f"{k} {first.phases_ms.get(k, 0):.2f} -> {last.phases_ms.get(k, 0):.2f}" for k in names))
 
 
+def _x(measured: float | None, floor: float | None) -> str:
+    return f"x{measured / floor:.1f}" if measured is not None and floor else "-"
+
+
+def floor_lines(s: Summary) -> list[str]:
+    """The phases of the first and last profile against their roofline floors (Markdown), or nothing."""
+    with_floor = [p for p in s.phases if p.floor_ms]
+    if not with_floor:
+        return []
+    cols = with_floor[:1] if len(with_floor) == 1 else [with_floor[0], with_floor[-1]]
+    last = cols[-1]
+    lines = ["## Against the hardware floor", "",
+             "Each phase's floor is its least work (FLOPs, device bytes, host<->device bytes) at the measured "
+             "ceilings; the measured time is phase share x profiled step.", "",
+             "| phase | bound | " + " | ".join(f"{p.label} ms (floor ms, over floor)" for p in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for name in last.floor_ms:
+        cells = [f"{p.phases_ms.get(name, 0.0):.2f} ({p.floor_ms.get(name, 0.0):.4f}, "
+                 f"{_x(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
+        lines.append(f"| {name} | {last.floor_bound.get(name, '-')} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {p.label}: {p.floor_note}." for p in cols if p.floor_note]
+    return lines
+
+
 def report_markdown(s: Summary) -> str:
     f = s.final
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
@@ -163,6 +187,8 @@ def report_markdown(s: Summary) -> str:
     env = dict(machine_rows(s.environment))
     for paragraph in (_phase_line(s), None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
         lines += ["", paragraph] if paragraph else []
+    if floor := floor_lines(s):
+        lines += [""] + floor
     lines += ["", f"Machine: {env['device name']} ({env['device']}), driver {env['driver']}, torch {env['torch']}, "
               f"triton {env['triton']}. Plots: report.html."]
     for note in s.notes:

@@ -127,6 +127,29 @@ def _phases(s: Summary) -> str:
                          numeric=tuple(range(2, len(names) + 5))) if rows else "")
 
 
+def _floor(s: Summary) -> str:
+    """Each phase of the first and last profile against its roofline floor."""
+    with_floor = [p for p in s.phases if p.floor_ms]
+    if not with_floor:
+        return ""
+    cols = with_floor[:1] if len(with_floor) == 1 else [with_floor[0], with_floor[-1]]
+    last = cols[-1]
+    rows = []
+    for name in last.floor_ms:
+        row = [name, last.floor_bound.get(name, "-")]
+        for p in cols:
+            measured, floor = p.phases_ms.get(name), p.floor_ms.get(name)
+            row += [f"{measured or 0.0:.2f}", f"{floor or 0.0:.4f}",
+                    f"x{measured / floor:.1f}" if measured is not None and floor else "-"]
+        rows.append(row)
+    headers = ["phase", "bound"] + [f"{p.label} {h}" for p in cols for h in ("ms", "floor ms", "over floor")]
+    notes = "".join(f"<p>{escape(p.label)}: {escape(p.floor_note)}.</p>" for p in cols if p.floor_note)
+    return section("floor", "Against the hardware floor",
+                   "<p>Each phase's floor is its least work (FLOPs, device bytes, host-device bytes) at the measured "
+                   "ceilings; measured is phase share x profiled step time.</p>",
+                   table(headers, rows, numeric=tuple(range(2, len(headers)))), notes)
+
+
 def _roofline(s: Summary) -> str:
     r = s.roofline
     if r is None:
@@ -166,6 +189,6 @@ def render_html(s: Summary, diffs: dict[str, str] | None = None) -> str:
     header = (f"<h1>sg-opt run {escape(s.run_id)}</h1>" + para(status_line(s), "meta")
               + para(f"Wall time {s.wall_s / 60:.1f} min. Summary schema v{s.version}.", "meta"))
     notes = section("notes", "Notes", *(para(n, "note") for n in s.notes)) if s.notes else ""
-    return page(f"sg-opt {s.run_id}", [header, _result(s), _candidates(s), _phases(s), _roofline(s), _cost(s),
+    return page(f"sg-opt {s.run_id}", [header, _result(s), _candidates(s), _phases(s), _floor(s), _roofline(s), _cost(s),
                                        section("machine", "Machine", machine_table(s.environment)),
                                        _best(s, diffs or {}), notes])

@@ -34,6 +34,7 @@ class RunRequest(BaseModel):
     threads: int | None = None
     seed: int = 0
     tier: str = "offline"
+    search: str = Field("rules", description="the offline tier's proposer: rules or tpe")
     tiers_file: str | None = None
     base_url: str | None = Field(None, description="an OpenAI-compatible endpoint (never a key)")
     model: str | None = Field(None, description="overrides the tier's model")

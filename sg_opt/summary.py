@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from profilers.floor import floor_sentence
 from profilers.records import Ceilings, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, RunState
@@ -86,6 +87,11 @@ class PhaseBreakdown(BaseModel):
     unprofiled_step_ms: float
     phases_ms: dict[str, float] = Field(description="phase -> share x profiled step time")
     other_ms: float = Field(description="the step time no named phase accounts for (0 when phases overlap)")
+    floor_ms: dict[str, float] = Field(default_factory=dict, description="phase -> its roofline floor (least work "
+                                                                         "at the measured ceilings)")
+    floor_bound: dict[str, str] = Field(default_factory=dict, description="phase -> compute, memory, bus or none")
+    floor_step_ms: float | None = Field(None, description="the step's floor: the sum of the phases' floors")
+    floor_note: str | None = Field(None, description="the step against its floor, and the phase furthest from it")
 
 
 class RooflinePoint(BaseModel):
@@ -264,9 +270,14 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
         if coarse is None:
             continue
         phases = {name: 1e3 * p.share * coarse.step_s for name, p in coarse.phases.items()}
+        floor = result.floor
+        floors = {} if floor is None else {
+            "floor_ms": {name: 1e3 * p.floor_s for name, p in floor.phases.items()},
+            "floor_bound": {name: p.bound for name, p in floor.phases.items()},
+            "floor_step_ms": 1e3 * floor.floor_s, "floor_note": floor_sentence(floor)}
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
                                    unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases,
-                                   other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0)))
+                                   other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0), **floors))
     return rows
 
 

@@ -21,6 +21,7 @@ from state_machine.llm_interfaces import BudgetExceeded, LLMError
 from state_machine.proposers import Proposal
 from state_machine.proposers.llm import propose_llm
 from state_machine.proposers.offline import propose_offline
+from state_machine.proposers.tpe import propose_tpe
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
                                  config_digest, incumbent_request, write_json)
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, RunState, Verdict,
@@ -141,7 +142,7 @@ def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
 def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, Any]]:
     """Proposals from the tier's proposer, or the updates that stop the run when none can come."""
     if ctx.policy.tier == "offline":
-        return propose_offline(state, ctx), {}
+        return (propose_tpe if ctx.policy.search == "tpe" else propose_offline)(state, ctx), {}
     try:
         return propose_llm(state, ctx), {"proposer_failures": []}
     except BudgetExceeded as exc:
@@ -212,6 +213,9 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
         return _reject("check", str(exc))
     cand = cand.model_copy(update={"patch": patch})
     current = space.resolve(state.incumbent.config)
+    settings = [n for n in patch if space[n].user_setting and resolved[n] != current[n]]
+    if settings:
+        return _reject("check", f"{', '.join(settings)} is the user's own setting (a limit), not a tuning knob")
     model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != current[n]]
     if model_knobs and not state.allow_model_changes:
         return _reject("check", f"{', '.join(model_knobs)} change the model (numerics class model); "

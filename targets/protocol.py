@@ -9,8 +9,10 @@ Session a target builds for one configuration.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -27,6 +29,11 @@ class ConfigError(ValueError):
     """A configuration a user wrote is invalid; the message is one sentence meant for them."""
 
 
+def user_cache_dir() -> Path:
+    """Where sg-opt keeps what it measured or built once and reuses (``$XDG_CACHE_HOME/sg-opt``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sg-opt"
+
+
 @dataclass(frozen=True)
 class Knob:
     """One tunable value: its type and domain, default, category, numerics class and why it matters."""
@@ -41,6 +48,7 @@ class Knob:
     low: float | None = None
     high: float | None = None
     active_when: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (knob, values): it has an effect only then
+    user_setting: bool = False  # a limit of the user's environment (e.g. a memory budget): never tuned
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -154,6 +162,10 @@ class KnobSpace:
                 raise ConfigError(constraint.message)
         return config
 
+    def tunable(self) -> list[Knob]:
+        """The knobs a proposer may change: all but the user's own settings (limits such as budgets)."""
+        return [knob for knob in self if not knob.user_setting]
+
     def diff(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of a config that differ from the defaults."""
         return {k: v for k, v in config.items() if self[k].default != v}
@@ -165,6 +177,21 @@ class FlopsBytes:
 
     flops: float
     bytes: float
+
+
+@dataclass(frozen=True)
+class PhaseWork:
+    """The least work one phase of a step must do, for the roofline floor of the whole step.
+
+    ``flops`` run at the matmul ceiling of ``dtype``; ``bytes`` are device memory reads + writes
+    at the copy ceiling; ``bus_bytes`` cross between host and device at the measured bus bandwidth.
+    A session that can say this offers ``work_model(bus_bytes_per_step) -> {phase: PhaseWork}``.
+    """
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    bus_bytes: float = 0.0
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -275,14 +302,38 @@ class PhaseTimer:
         return totals
 
 
-def sequence_digest(tensors: Sequence[torch.Tensor]) -> str:
-    """sha256 over the raw bytes of tensors (moved to CPU, contiguous), in order."""
+DIGEST_CHUNK_BYTES = 64 << 20
+
+
+def _chunk_digest(host_bytes: torch.Tensor) -> bytes:
     import hashlib
 
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        t = tensor.detach().to("cpu").contiguous()
-        digest.update(str(t.dtype).encode())
-        digest.update(str(tuple(t.shape)).encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return hashlib.sha256(memoryview(host_bytes.numpy())).digest()
+
+
+def sequence_digest(tensors: Sequence[torch.Tensor]) -> str:
+    """A sha256 tree over the raw bytes of tensors, in order: dtype, shape and the sha256 of each
+    64 MB chunk feed one outer sha256.
+
+    Any changed bit changes it, as a flat sha256 would; the chunks are copied off the device one at
+    a time and hashed in parallel threads (hashlib releases the GIL), so 13 GB of embedding tables
+    take seconds rather than the half minute a flat hash of one host copy took.
+    """
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    digest, workers = hashlib.sha256(), max(1, min(16, len(os.sched_getaffinity(0))))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for tensor in tensors:
+            t = tensor.detach().contiguous()
+            digest.update(str(t.dtype).encode())
+            digest.update(str(tuple(t.shape)).encode())
+            flat = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+            pending: list = []
+            for i in range(0, flat.numel(), DIGEST_CHUNK_BYTES):
+                if len(pending) >= 2 * workers:  # bound the host copies in flight
+                    digest.update(pending.pop(0).result())
+                pending.append(pool.submit(_chunk_digest, flat[i:i + DIGEST_CHUNK_BYTES].to("cpu")))
+            for chunk in pending:
+                digest.update(chunk.result())
     return digest.hexdigest()

@@ -55,20 +55,24 @@ CATALOG: tuple[Rule, ...] = (
          "page-locked batches copied on a side stream while the step runs", devices=("cuda",),
          requires={"data_workers": (1, 2, 4)}),
     Rule("loader-workers-4", ("data-wait",), {"data_workers": 4}, 0.4, "more loader processes"),
-    Rule("triton-tail", ("tail-gather-bound", "memory-bound kernel", "compute-bound kernel"),
+    Rule("triton-tail", ("tail-gather-bound", "backward", "memory-bound kernel", "compute-bound kernel"),
          {"tail_backend": "triton"}, 0.8, "gather-GEMM tail kernels: the gathered tile stays in registers",
          devices=("cuda",)),
-    Rule("triton-fused-loss", ("loss", "tail-gather-bound"), {"tail_backend": "triton-fused-loss"}, 0.85,
+    Rule("triton-fused-loss", ("loss", "tail-gather-bound", "backward"), {"tail_backend": "triton-fused-loss"}, 0.85,
          "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",)),
-    Rule("bf16-autocast", ("tail-gather-bound", "compute-bound kernel", "memory-bound kernel", "loss"),
+    Rule("bf16-autocast", ("tail-gather-bound", "backward", "compute-bound kernel", "memory-bound kernel", "loss"),
          {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
          devices=("cuda",)),
-    Rule("tail-slots", ("tail-gather-bound",), {"tail_backend": "slots"}, 0.3,
+    Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum"),
     Rule("triton-embeddings", ("embedding-bound",), {"embedding_backend": "triton"}, 0.6,
          "one pooled lookup over all tables in one launch", devices=("cuda",)),
     Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
          "only pooled vectors cross the bus", requires={"embedding_placement": ("host", "cached")}),
+    Rule("device-cache", ("embedding-bound", "optimizer", "data-wait"),
+         {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, 0.8,
+         "keep the hot rows in a device cache over the host tables (SparseGear's multi-level store) and apply "
+         "row-wise Adagrad inside backward", requires={"embedding_placement": ("host",)}),
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),
@@ -84,7 +88,7 @@ DEVICE_ONLY: dict[tuple[str, str], tuple[str, ...]] = {
 # Finding category -> knob categories the generic fallback sweeps for it.
 CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
     "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
-    "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"),
+    "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
     "launch/host-bound": ("compile", "kernel"), "cache-misses": ("embedding",),
     "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
 }
@@ -153,7 +157,7 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
     current = space.resolve(state.incumbent.config)
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
-        for knob in space:
+        for knob in space.tunable():
             if knob.category not in categories or not knob.is_active(current):
                 continue
             for value in _values(knob):

@@ -31,6 +31,7 @@ class EmbeddingConfig:
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)
     backend: str = "torch"                 # triton: Triton pooling and fused update where the rows are on the device
+    hbm_budget_bytes: float | None = None  # device memory the tables, their state and caches may use (None: any)
     lr: float = 0.01
     eps: float = 1e-8
     init_std: float = 0.01

@@ -80,6 +80,10 @@ class _Rows(ABC):
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """CPU copies of (weights [rows, dim], Adagrad state [rows, 1])."""
 
+    def current_weights(self) -> torch.Tensor:
+        """The current weights [rows, dim] without a copy where they live whole (to read, never to write)."""
+        return self.snapshot()[0]
+
     def row_grads(self, lookup: Lookup, grad_pooled: torch.Tensor) -> torch.Tensor:
         return row_gradients(grad_pooled.to(lookup.inverse.device), lookup)
 
@@ -137,6 +141,9 @@ class _DeviceRows(_Rows):
     def snapshot(self):
         return self.weight.detach().cpu().clone(), self.state.cpu().clone()
 
+    def current_weights(self):
+        return self.weight.detach()
+
 
 class _HostRows(_Rows):
     """Weights and state in host memory; lookups and updates on the host."""
@@ -169,6 +176,9 @@ class _HostRows(_Rows):
 
     def snapshot(self):
         return self.weight.clone(), self.state.clone()
+
+    def current_weights(self):
+        return self.weight
 
 
 class _CachedRows(_Rows):

@@ -23,9 +23,10 @@ from torch import nn
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.cache_plan import plan_capacities
-from targets.haste_rec.embedding_config import EmbeddingConfig, check_backend
+from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
 from targets.haste_rec.row_ops import TableLayout, coalesce_rows
+from targets.protocol import ConfigError
 
 
 class _RowGradLookup(torch.autograd.Function):
@@ -66,7 +67,9 @@ class EmbeddingStore(nn.Module):
         self.dim, self.cfg, self.device = dim, cfg, torch.device(device)
         check_backend(cfg.backend, self.device)
         self.cache_rows, self.state_cache_rows = self._plan(access_counts, max_unique_per_batch)
-        self._rows = self._build(self.layout.initial_rows(dim, cfg.init_std, seed))
+        self._check_budget()
+        store = self.device if cfg.placement == "device" else CPU
+        self._rows = self._build(self.layout.initial_rows(dim, cfg.init_std, seed, self.device, store))
         self._anchor = torch.zeros(0, device=self.device, requires_grad=True)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fused_sq: list[torch.Tensor] = []
@@ -81,6 +84,23 @@ class EmbeddingStore(nn.Module):
         params, states = (plan_capacities(cfg.cache_plan, table_rows, fraction, floors, access_counts)
                           for fraction in (cfg.cache_fraction, cfg.opt_state_cache_fraction))
         return params, states
+
+    def device_bytes(self) -> int:
+        """Device memory the placement needs for rows and Adagrad state (fp32; state one value per row)."""
+        row, rows = 4 * self.dim, sum(self.layout.table_rows)
+        if self.cfg.placement == "device":
+            return rows * (row + 4)
+        if self.cfg.placement == "cached":
+            return sum(self.cache_rows) * row + sum(self.state_cache_rows) * 4
+        return 0
+
+    def _check_budget(self) -> None:
+        """ConfigError, before any table is built, when the placement does not fit the HBM budget."""
+        budget = self.cfg.hbm_budget_bytes
+        if budget is not None and self.device_bytes() > budget:
+            raise ConfigError(f"embedding placement {self.cfg.placement} needs {self.device_bytes() / 1e9:.3g} GB of "
+                              f"device memory, over the {budget / 1e9:.3g} GB embedding HBM budget: use placement "
+                              f"host, or cached with a smaller embedding_cache_fraction")
 
     def _build(self, init: torch.Tensor) -> _Rows:
         if self.cfg.placement == "device":
@@ -159,6 +179,10 @@ class EmbeddingStore(nn.Module):
     def full_tables(self) -> list[torch.Tensor]:
         """CPU copies of every table's current weights (caches flushed first)."""
         return self.layout.split(self._rows.snapshot()[0])
+
+    def current_tables(self) -> list[torch.Tensor]:
+        """Every table's current weights, wherever they live, without copying whole tables (for digests)."""
+        return self.layout.split(self._rows.current_weights())
 
     def full_optimizer_states(self) -> list[torch.Tensor]:
         """CPU copies of every table's row-wise Adagrad state [rows, 1] (caches flushed first)."""

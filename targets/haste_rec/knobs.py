@@ -61,6 +61,10 @@ KNOBS = (
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),
+    Knob("embedding_hbm_budget_gb", "float", -1.0, category="memory", numerics="exact", low=-1.0, high=100_000.0,
+         why="device memory (GB, 1e9 bytes) the embedding tables and their caches may use; a build over it fails. "
+             "Set by the user, never tuned (-1 takes the size preset's: unlimited except large-cached, 1/4 of its tables)",
+         user_setting=True),
     Knob("embedding_pool_on_host", "bool", False, category="embedding", numerics="reorder",
          why="for host tables, pool on the host so only pooled vectors cross the bus instead of every looked-up row"),
     Knob("data_workers", "choice", 0, category="data", numerics="exact", choices=(0, 1, 2, 4),

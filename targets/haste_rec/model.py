@@ -6,12 +6,16 @@ needs statistics of the training data; `build_model` does that from the data sou
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
+from targets.haste_rec import build_cache
+from targets.haste_rec import data as data_module
+from targets.haste_rec import grouping as grouping_module
 from targets.haste_rec.data import SyntheticData, SyntheticSpec
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
 from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
@@ -61,8 +65,26 @@ def synthetic_data(size: HasteRecSize, seed: int) -> SyntheticData:
         heldout_size=size.heldout_size, seed=seed))
 
 
+def _build_key(data, *parts) -> tuple | None:
+    """The build cache's key for a product of synthetic `data` (None for a file: not cached)."""
+    if not isinstance(data, SyntheticData):
+        return None
+    return (data.spec, *parts, build_cache.source_digest((data_module, grouping_module, sys.modules[__name__])))
+
+
+def _maybe_cached(kind: str, key: tuple | None, compute):
+    return compute() if key is None else build_cache.cached(kind, key, compute)
+
+
 def label_layout(data, grouping: str, shape: ModelShape, seed: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head label ids, tail groups [K, G]) from the data's label statistics and the grouping knob."""
+    """(head label ids, tail groups [K, G]) from the data's label statistics and the grouping knob;
+    read from the build cache when another worker computed it already."""
+    key = _build_key(data, grouping, shape, seed, batch_size)
+    head, groups = _maybe_cached("layout", key, lambda: _compute_layout(data, grouping, shape, seed, batch_size))
+    return head, groups
+
+
+def _compute_layout(data, grouping: str, shape: ModelShape, seed: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     freq = data.label_frequencies()
     head, tail = split_head_tail(freq, shape.head_fraction)
     gen = torch.Generator().manual_seed(seed + 17)
@@ -77,8 +99,14 @@ def label_layout(data, grouping: str, shape: ModelShape, seed: int, batch_size: 
     return head, groups
 
 
-def embedding_config(config: Mapping[str, Any]) -> EmbeddingConfig:
-    return EmbeddingConfig(
+def hbm_budget_bytes(config: Mapping[str, Any], size: HasteRecSize) -> float | None:
+    """The embedding HBM budget in bytes: the knob's when set (>= 0), else the size preset's (None: unlimited)."""
+    gb = config["embedding_hbm_budget_gb"] if config["embedding_hbm_budget_gb"] >= 0 else size.hbm_budget_gb
+    return None if gb is None else gb * 1e9
+
+
+def embedding_config(config: Mapping[str, Any], size: HasteRecSize) -> EmbeddingConfig:
+    return EmbeddingConfig(hbm_budget_bytes=hbm_budget_bytes(config, size),
         placement=config["embedding_placement"], grad_mode=config["embedding_grad_mode"],
         cache_fraction=config["embedding_cache_fraction"], cache_plan=config["embedding_cache_plan"],
         eviction=config["embedding_eviction"], opt_state_cache_fraction=config["embedding_opt_state_cache_fraction"],
@@ -100,8 +128,11 @@ class HasteRecModel(nn.Module):
         super().__init__()
         check_backend_device(config["tail_backend"], device)  # before any set-up work
         shape = ModelShape.resolve(config, size)
-        emb_cfg = embedding_config(config)
-        counts = data.id_access_counts(PLAN_BATCHES) if emb_cfg.placement == "cached" else None
+        emb_cfg = embedding_config(config, size)
+        counts = None
+        if emb_cfg.placement == "cached":
+            counts = _maybe_cached("access-counts", _build_key(data, PLAN_BATCHES),
+                                   lambda: data.id_access_counts(PLAN_BATCHES))
         # The most distinct ids one batch can hold per table (bags are pool +- 50%): the cache's floor.
         max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
         self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,

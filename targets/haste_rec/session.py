@@ -23,7 +23,8 @@ from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
 from targets.haste_rec.model import HasteRecModel
 from targets.haste_rec.sizes import HasteRecSize
-from targets.protocol import PhaseTimer, sequence_digest
+from targets.haste_rec.work_model import step_work
+from targets.protocol import PhaseTimer, PhaseWork, sequence_digest
 
 PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
 ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 3e-3, 0.5, 0.9
@@ -197,7 +198,7 @@ class HasteRecSession:
                 "row_max": logits.masked_fill(~self.valid, -math.inf).amax(dim=1).tolist()}
 
     def param_digest(self) -> dict[str, Any]:
-        tables = self.model.embeddings.full_tables()
+        tables = self.model.embeddings.current_tables()
         groups = {"encoder": list(self.model.encoder.parameters()),
                   "head": list(self.model.output.head_parameters()),
                   "tail": list(self.model.output.tail_parameters()), "embeddings": tables}
@@ -217,6 +218,10 @@ class HasteRecSession:
         counts = self.data.label_frequencies() * self.size.quality_steps * self.size.batch_size
         propensity = propensity_scores(counts, self.size.quality_steps * self.size.batch_size)
         return topk_metrics(torch.cat(tops), heldout.labels, heldout.label_offsets, propensity, ks=(1, 3, 5))
+
+    def work_model(self, bus_bytes_per_step: float = 0.0) -> dict[str, PhaseWork]:
+        """The least FLOPs and bytes of each phase of a step: the roofline floor's input."""
+        return step_work(self, bus_bytes_per_step)
 
     def counters(self) -> dict[str, float]:
         return {"steps": float(self.steps_done), **self.model.embeddings.counters()}

@@ -1,13 +1,15 @@
 """Size presets of the reference trainer, from CI-sized `tiny` to H200-sized `large` and `xl`.
 
 `large` follows the HASTE Amazon-670K shapes (L=670,080 labels, H=768, F=64, G=32, B=256) with
-26 sparse tables of 1M rows x 128 dims; `xl` takes the label space to Amazon-3M's 2.8M labels. Even `tiny` keeps the embedding tables
+26 sparse tables of 1M rows x 128 dims; `large-cached` is `large` under an embedding HBM budget of
+a quarter of its 13.3 GB of tables (tables on the host or behind a device cache, SparseGear's case); `xl` takes the label space to Amazon-3M's 2.8M labels. Even `tiny` keeps the embedding tables
 (140K rows) the largest trainable state, as in production, so its bottleneck is the one the
 larger sizes have (the dense table gradient), only smaller.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from targets.protocol import ConfigError
@@ -31,6 +33,12 @@ class HasteRecSize:
     num_dense: int
     heldout_size: int
     quality_steps: int               # training steps before the quality metric is read
+    hbm_budget_gb: float | None = None  # device memory the tables may use (None: unlimited)
+
+    @property
+    def table_bytes(self) -> int:
+        """fp32 bytes of all embedding tables."""
+        return sum(self.table_rows) * self.embedding_dim * 4
 
     @property
     def num_tables(self) -> int:
@@ -70,6 +78,11 @@ SIZES: dict[str, HasteRecSize] = {
                      embedding_dim=128, num_dense=13, heldout_size=4096, quality_steps=1000),
     )
 }
+
+
+# large with its tables four times over an embedding HBM budget: the multi-level store decides.
+SIZES["large-cached"] = dataclasses.replace(SIZES["large"], name="large-cached",
+                                            hbm_budget_gb=SIZES["large"].table_bytes / 4 / 1e9)
 
 
 def get_size(name: str) -> HasteRecSize:

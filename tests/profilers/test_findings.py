@@ -38,7 +38,17 @@ def test_optimizer_at_40_percent_ranks_first_with_its_amdahl_gain():
     assert "40.0%" in first.evidence and "10.00 ms" in first.evidence
     gains = [f.amdahl_gain for f in ranked]
     assert gains == sorted(gains, reverse=True)
-    assert {f.category for f in ranked} == {"optimizer", "data-wait", "tail-gather-bound", "embedding-bound", "loss"}
+    assert {f.category for f in ranked} == {"optimizer", "data-wait", "tail-gather-bound", "embedding-bound", "loss",
+                                            "backward"}
+
+
+def test_backward_headroom_follows_the_tail_backend():
+    profile = coarse({"backward": 0.6, "optimizer": 0.05})
+    torch_tail = findings(profile, None, {}, {**TUNED, "tail_backend": "torch"})[0]
+    assert (torch_tail.category, torch_tail.headroom) == ("backward", 3.0)
+    assert torch_tail.amdahl_gain == pytest.approx(1 / (0.4 + 0.6 / 3))
+    kernels = findings(profile, None, {}, {**TUNED, "tail_backend": "triton"})[0]
+    assert kernels.headroom == 1.5 and kernels.amdahl_gain < torch_tail.amdahl_gain
 
 
 def test_knobs_set_the_headroom_and_so_the_ranking():
@@ -53,17 +63,17 @@ def test_knobs_set_the_headroom_and_so_the_ranking():
 
 
 def test_parts_under_the_threshold_and_unmapped_phases_are_not_reported():
-    ranked = findings(coarse({"data": MIN_SHARE / 2, "encoder": 0.5, "backward": 0.4}), None, {}, DENSE)
+    ranked = findings(coarse({"data": MIN_SHARE / 2, "encoder": 0.5, "backward": MIN_SHARE / 2}), None, {}, DENSE)
     assert ranked == []
 
 
 def test_idle_device_is_launch_bound_only_on_cuda():
-    many = findings(coarse({"backward": 0.5}, idle=0.45, launches=900), None, {}, DENSE)
+    many = findings(coarse({"encoder": 0.5}, idle=0.45, launches=900), None, {}, DENSE)
     assert [f.category for f in many] == ["launch/host-bound"]
     assert many[0].share == 0.45 and many[0].headroom == 3.0 and "900 kernel launches" in many[0].evidence
-    few = findings(coarse({"backward": 0.5}, idle=0.45, launches=20), None, {}, DENSE)
+    few = findings(coarse({"encoder": 0.5}, idle=0.45, launches=20), None, {}, DENSE)
     assert few[0].headroom == 1.5
-    assert findings(coarse({"backward": 0.5}, idle=0.1, launches=900), None, {}, DENSE) == []
+    assert findings(coarse({"encoder": 0.5}, idle=0.1, launches=900), None, {}, DENSE) == []
 
 
 def test_cache_misses_need_cached_placement():
@@ -93,7 +103,7 @@ def test_kernel_findings_come_from_the_roofline():
         _slot("tail_backward_input", 0.002, 0.02, "compute"),  # headroom capped at 10
         _slot("tail_backward_weight", 0.002, 0.9, "memory"),   # already at the roof: nothing to gain
     ])
-    ranked = findings(coarse({"backward": 0.5}), fine, {}, DENSE)
+    ranked = findings(coarse({"encoder": 0.5}), fine, {}, DENSE)
     assert [(f.category, f.subject) for f in ranked] == [("memory-bound kernel", "tail_forward"),
                                                          ("compute-bound kernel", "tail_backward_input")]
     assert ranked[0].headroom == pytest.approx(8.0) and ranked[0].share == pytest.approx(0.3)

@@ -1,0 +1,55 @@
+"""The build cache: a second build reads the first's label layout, bit for bit, and never a stale one."""
+
+import torch
+
+from targets.haste_rec import build_cache
+from targets.haste_rec.model import ModelShape, label_layout, synthetic_data
+from targets.haste_rec.sizes import get_size
+
+
+def _layout(seed=0, grouping="semantic", group_size=8):
+    size = get_size("tiny")
+    return label_layout(synthetic_data(size, seed), grouping, ModelShape(group_size, 8, 0.05), seed, size.batch_size)
+
+
+def test_second_build_reads_the_cached_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = _layout()
+    entries = list((tmp_path / "sg-opt" / "haste_rec").glob("layout-*.pt"))
+    assert len(entries) == 1
+    calls = []
+    monkeypatch.setattr("targets.haste_rec.model._compute_layout", lambda *a: calls.append(a))
+    second = _layout()
+    assert not calls, "the cached layout was recomputed"
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_key_separates_seeds_groupings_and_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    layouts = [_layout(), _layout(seed=1), _layout(grouping="random"), _layout(group_size=16)]
+    assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("layout-*.pt"))) == 4
+    assert layouts[0][1].shape[1] == 8 and layouts[3][1].shape[1] == 16
+    assert not torch.equal(layouts[0][1], layouts[2][1])
+
+
+def test_corrupt_entry_is_recomputed_and_disabled_cache_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    reference = _layout()
+    (entry,) = (tmp_path / "sg-opt" / "haste_rec").glob("layout-*.pt")
+    entry.write_bytes(b"not a tensor file")
+    again = _layout()
+    assert all(torch.equal(a, b) for a, b in zip(reference, again))
+    assert entry.stat().st_size > 100  # rewritten
+    monkeypatch.setenv("SG_OPT_BUILD_CACHE", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "off"))
+    _layout()
+    assert not (tmp_path / "off").exists()
+
+
+def test_code_edits_change_the_key(tmp_path, monkeypatch):
+    module = tmp_path / "mod.py"
+    module.write_text("x = 1\n")
+    fake = type("M", (), {"__file__": str(module)})
+    before = build_cache.source_digest([fake])
+    module.write_text("x = 2\n")
+    assert build_cache.source_digest([fake]) != before
