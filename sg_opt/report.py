@@ -171,7 +171,8 @@ def report_markdown(s: Summary) -> str:
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
             ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
             ("numerics", numerics_line(s)),
-            ("noise floor", f"{100 * s.noise_floor:.1f}% (A/A on this machine)" if s.noise_floor is not None else "-")]
+            ("noise floor", f"{100 * s.noise_floor:.1f}% (A/A on this machine)" if s.noise_floor is not None else "-"),
+            ("reorder bands", s.reorder_calibration or "-")]
     lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
     lines += ["", f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. {spend_line(s)}. "

@@ -86,7 +86,7 @@ def _result(s: Summary) -> str:
             ("speedup", _speedup(f.speedup if f else None) + ("" if f else f" (estimated x{s.est_speedup:.2f})")),
             ("verdict", f.verdict if f else "no final measurement (nothing accepted)" if not s.accepted else "-"),
             ("noise floor", f"{100 * s.noise_floor:.1f}%" if s.noise_floor is not None else "-"),
-            ("numerics", numerics_line(s))]
+            ("numerics", numerics_line(s)), ("reorder bands", s.reorder_calibration or "-")]
     caption = ("Baseline and best step time, measured side by side in one final A/B (interleaved blocks)"
                if s.best_step else "Baseline step time over the blocks of its A/A calibration runs")
     return section("result", "Result", para(result_line(s), "result"), table(["", "value"], rows),

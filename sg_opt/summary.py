@@ -124,6 +124,8 @@ class Summary(BaseModel):
     finished: bool = Field(True, description="whether the run reached its report node")
     baseline_step_ms: float | None
     noise_floor: float | None
+    reorder_scale: float | None = Field(None, description="the reorder bands' calibrated multiplier (1: fixed bands)")
+    reorder_calibration: str | None = Field(None, description="how the baseline drifted from itself, reassociated")
     baseline_step: StepTime | None = Field(None, description="baseline step time, side by side with the best "
                                                              "when one was accepted, else from the A/A blocks")
     best_step: StepTime | None = Field(None, description="best step time from the final side-by-side A/B")
@@ -308,6 +310,8 @@ def build_summary(state: RunState) -> Summary:
                    stop_reason=state.stop_reason, finished=state.stop_reason is not None,
                    baseline_step_ms=baseline.step_ms if baseline else None,
                    noise_floor=baseline.noise_floor if baseline else None, baseline_step=baseline_step,
+                   reorder_scale=baseline.reorder_scale if baseline else None,
+                   reorder_calibration=baseline.reorder_detail if baseline else None,
                    best_step=best_step, numerics=_numerics(state), best_config=state.incumbent.config,
                    best_kernels=sorted(state.incumbent.kernels), est_speedup=state.incumbent.est_speedup,
                    final=state.final, evaluated=state.evaluated, accepted=accepted,

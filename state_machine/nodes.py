@@ -30,7 +30,7 @@ from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerResult
 from validators.kernel import validate_kernel_file
-from validators.numerics import compare
+from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
 from validators.speedup import CalibrationFailed, calibrate_noise_floor, confirm_win, measure_ab
 
@@ -69,6 +69,13 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if not numerics.ok:
         return {"stop_reason": f"error: the baseline failed its numerics run ({_failure_text(numerics)})"}
     numerics_file = write_json(_dir(state, "baseline", "numerics.json"), numerics)
+    reordered = run_worker(baseline_request(state, "numerics").model_copy(update={"reassociate": True}),
+                           timeout_s=plan.timeout_s)
+    if not reordered.ok:
+        return {"stop_reason": f"error: the baseline failed its reassociated numerics run ({_failure_text(reordered)})"}
+    reorder = calibrate_reorder(numerics.numerics, reordered.numerics)
+    write_json(_dir(state, "baseline", "reorder_calibration.json"), {"calibration": reorder.model_dump(),
+                                                                      "result": reordered.model_dump()})
     quality = None
     if state.allow_model_changes:
         result = run_worker(baseline_request(state, "quality", plan.quality_steps or 0), timeout_s=plan.timeout_s)
@@ -94,9 +101,11 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
                                                                           TIMEOUT_FACTOR * longest))})
     record = Baseline(numerics_file=numerics_file, quality=quality, step_ms=1e3 * statistics.median(medians),
                       noise_floor=noise.floor, calibration_file=calibration, resolved_config=numerics.config,
+                      reorder_scale=reorder.scale, reorder_detail=reorder.detail,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
-    ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s)
+    ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
+              reorder_scale=reorder.scale, reorder=reorder.detail)
     return {"baseline": record, "plan": plan, "incumbent": Incumbent(config=dict(state.baseline_config))}
 
 
@@ -271,7 +280,7 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
         if not result.ok:
             return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
                            numerics_class=cls)
-        verdict = compare(base.numerics, result.numerics, cls)
+        verdict = compare(base.numerics, result.numerics, cls, reorder_scale=state.baseline.reorder_scale)
     path = write_json(folder / "numerics.json", {"verdict": verdict.model_dump(), "result": result.model_dump()})
     if not verdict.ok:
         return _reject("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,

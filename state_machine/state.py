@@ -106,6 +106,8 @@ class Baseline(BaseModel):
     step_ms: float = Field(description="median step time from the A/A calibration blocks")
     noise_floor: float
     calibration_file: str
+    reorder_scale: float = Field(1.0, description="the reorder bands' calibrated multiplier (validators.numerics)")
+    reorder_detail: str = ""
     resolved_config: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, Any] = Field(default_factory=dict)
     wall_s: float = 0.0

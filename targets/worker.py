@@ -200,7 +200,7 @@ def execute(req: WorkerRequest) -> WorkerResult:
     result = WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size)
     try:
         device = open_device(req)
-        if req.mode == "numerics":
+        if req.mode == "numerics" and not req.reassociate:
             make_deterministic(device)
         result.environment = environment(device)
         _, result.config, _, session = build_session(req, device)

@@ -30,6 +30,8 @@ class WorkerRequest(BaseModel):
     warmup: int = 5
     phase_steps: int = 5
     threads: int | None = Field(None, description="torch intra-op threads on the CPU (None: torch's default)")
+    reassociate: bool = Field(False, description="numerics mode only: skip the deterministic set-up (one CPU thread, "
+                                                 "deterministic CUDA algorithms), so float association may change")
 
 
 class Failure(BaseModel):

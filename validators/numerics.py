@@ -20,6 +20,10 @@ traced to a stated number and its reason:
   change of the math (a dropped term, a wrong scale, a stale row) produces. The reference trainer
   measured 1.8e-6 (loss), 3.9e-6 (grad norms), 2e-6 (probe) for fused vs dense gradients at size
   small over 30 steps.
+  Some workloads amplify rounding faster than that (a high learning rate early in training); the
+  agent measures it at baseline time by running the baseline twice, once deterministic and once free
+  to reassociate, and ``calibrate_reorder`` widens the bands to ``REORDER_SAFETY`` = 3 times that
+  self-drift, at most ``REORDER_MAX_SCALE`` = 10 times the fixed bands.
 * ``precision``: bf16 keeps 8 mantissa bits, u = 2**-8 ~ 3.9e-3. A loss computed in fp32 from bf16
   activations moves by a few u per step, so ``PRECISION_LOSS_RTOL`` = 2% (~5 u) per step; grad norms
   carry the rounding of every backward layer, hence 10%; probe outputs must stay within relative L2
@@ -52,6 +56,8 @@ from targets.worker_protocol import NumericsData
 
 REORDER_RTOL = 1e-5
 REORDER_GROWTH_PER_STEP = 0.1
+REORDER_SAFETY = 3.0      # calibrated bands: this many times the baseline's own reassociation drift
+REORDER_MAX_SCALE = 10.0  # ...and never wider than this many times the fixed bands
 PRECISION_LOSS_RTOL = 0.02
 PRECISION_DRIFT_RTOL = 0.01
 PRECISION_GRAD_NORM_RTOL = 0.10
@@ -92,9 +98,10 @@ class _Broken(Exception):
         self.quantity, self.sentence = quantity, sentence
 
 
-def reorder_band(step: int) -> float:
-    """The reorder class's relative band at a 0-based step (or after ``step`` steps, for end state)."""
-    return REORDER_RTOL * (1.0 + REORDER_GROWTH_PER_STEP * step)
+def reorder_band(step: int, scale: float = 1.0) -> float:
+    """The reorder class's relative band at a 0-based step (or after ``step`` steps, for end state),
+    times the workload's calibrated ``scale`` (see ``calibrate_reorder``)."""
+    return scale * REORDER_RTOL * (1.0 + REORDER_GROWTH_PER_STEP * step)
 
 
 def _rel(base: float, cand: float) -> float:
@@ -216,10 +223,55 @@ def _trajectories(base: NumericsData, cand: NumericsData, loss_band: Callable[[i
     return _worst("loss", losses, "relative"), _worst("grad_norms", norms, "relative")
 
 
-def _reorder(base: NumericsData, cand: NumericsData) -> list[Measure]:
-    end = reorder_band(len(base.losses))
-    return [*_trajectories(base, cand, reorder_band, reorder_band), _probe_rel_l2(base, cand, end),
-            *_param_norms(base, cand, end)]
+def _reorder(base: NumericsData, cand: NumericsData, scale: float = 1.0) -> list[Measure]:
+    band = lambda step: reorder_band(step, scale)  # noqa: E731
+    end = band(len(base.losses))
+    return [*_trajectories(base, cand, band, band), _probe_rel_l2(base, cand, end), *_param_norms(base, cand, end)]
+
+
+class ReorderCalibration(BaseModel):
+    """How far the baseline drifts from itself when only its float association changes."""
+
+    scale: float = Field(description="multiplier of the reorder bands: max(1, SAFETY x worst), at most MAX_SCALE")
+    worst: float = Field(description="the largest error / unscaled band of the self-comparison")
+    quantity: str | None = Field(None, description="the quantity and place of that largest ratio")
+    detail: str
+
+
+def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
+    """The reorder bands' scale for this workload, from two runs of the SAME config: one deterministic,
+    one free to reassociate (nondeterministic CUDA atomics, all CPU threads).
+
+    The fixed bands assume rounding grows by 10% a step. A workload that amplifies rounding faster
+    (a high learning rate early in training) shows it on itself: its own reassociation already moves
+    the loss by more than the band, and then a correct kernel that merely sums in another order
+    would be rejected. Like the A/A noise floor for speed, the band is then widened to
+    ``REORDER_SAFETY`` times the self-drift measured here, and never more than ``REORDER_MAX_SCALE``
+    times the fixed band (at most 1e-4 at step 0, still 10x below the >= 1e-3 a change of the math
+    produces). A workload that reproduces itself to within the band keeps scale 1.
+    """
+    ratio, where = max(_self_drift(deterministic, reordered), default=(0.0, "nowhere"))
+    scale = min(REORDER_MAX_SCALE, max(1.0, REORDER_SAFETY * ratio))
+    return ReorderCalibration(scale=scale, worst=ratio, quantity=where,
+                              detail=f"the baseline against itself with float association free drifts by at most "
+                                     f"{ratio:.2g} of the reorder band ({where}), so its bands are x{scale:.2f}")
+
+
+def _self_drift(a: NumericsData, b: NumericsData) -> Iterator[tuple[float, str]]:
+    """(relative error / fixed reorder band, where) of every quantity the reorder class compares."""
+    for i, (x, y) in enumerate(zip(a.losses, b.losses)):
+        yield _rel(x, y) / reorder_band(i), f"loss at step {i}"
+    for i, (x, y) in enumerate(zip(a.grad_norms, b.grad_norms)):
+        for k in x:
+            yield _rel(x[k], y[k]) / reorder_band(i), f"grad norm of {k} at step {i}"
+    end = reorder_band(len(a.losses))
+    for key in a.probe:
+        p, q = np.asarray(a.probe[key], float), np.asarray(b.probe[key], float)
+        yield float(np.linalg.norm(q - p) / max(float(np.linalg.norm(p)), TINY)) / end, f"probe {key}"
+    norms_a, norms_b = a.digest.get("norms") or {}, b.digest.get("norms") or {}
+    for k in norms_a:
+        if k in norms_b:
+            yield _rel(norms_a[k], norms_b[k]) / end, f"param norm of {k}"
 
 
 def _correlation(base: NumericsData, cand: NumericsData) -> Measure:
@@ -265,14 +317,15 @@ def _quality(baseline: Mapping[str, float] | None, candidate: Mapping[str, float
                     f"a drop of {drop:.4f} absolute, margin {margin:.4f}")]
 
 
-_CLASSES: dict[str, Callable[[NumericsData, NumericsData], list[Measure]]] = {
-    "exact": _exact, "reorder": _reorder, "precision": _precision}
+_CLASSES: dict[str, Callable[..., list[Measure]]] = {"exact": _exact, "reorder": _reorder, "precision": _precision}
 
 
 def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str, *,
             quality_baseline: Mapping[str, float] | None = None, quality_candidate: Mapping[str, float] | None = None,
-            quality_metric: str = QUALITY_METRIC, quality_margin: float = QUALITY_MARGIN) -> NumericsVerdict:
-    """Judge a candidate's numerics against the baseline's under a knob's numerics class."""
+            quality_metric: str = QUALITY_METRIC, quality_margin: float = QUALITY_MARGIN,
+            reorder_scale: float = 1.0) -> NumericsVerdict:
+    """Judge a candidate's numerics against the baseline's under a knob's numerics class; the reorder
+    bands are multiplied by ``reorder_scale`` (from ``calibrate_reorder``; 1 keeps the fixed bands)."""
     if numerics_class not in NUMERICS_CLASSES:
         raise ValueError(f"unknown numerics class {numerics_class!r}; one of {', '.join(NUMERICS_CLASSES)}")
     try:
@@ -284,6 +337,8 @@ def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str
                                detail=broken.sentence)
     if numerics_class == "model":
         measures = _quality(quality_baseline, quality_candidate, quality_metric, quality_margin)
+    elif numerics_class == "reorder":
+        measures = _reorder(baseline, candidate, reorder_scale)
     else:
         measures = _CLASSES[numerics_class](baseline, candidate)
     errors = {m.quantity: m.error for m in measures if math.isfinite(m.error)}  # JSON has no inf

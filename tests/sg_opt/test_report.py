@@ -48,12 +48,17 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     assert [p["label"] for p in s["phases"]] == ["baseline", f"after #{win['id']}"]
     assert set(s["phases"][0]["phases_ms"]) == {"data", "forward", "backward", "optimizer"}
     assert s["roofline"] is None and s["llm_calls"] == [] and s["environment"]["torch"]
+    for profile in s["phases"]:  # the target's work model at this CPU's measured ceilings
+        assert set(profile["floor_ms"]) == {"data", "forward", "backward", "optimizer"}
+        assert 0 < profile["floor_step_ms"] < profile["unprofiled_step_ms"] and "the floor" in profile["floor_note"]
+    assert s["phases"][0]["floor_bound"]["backward"] in ("compute", "memory")
 
     md = (agent_run / "report.md").read_text()
     assert len(md) < 65_536  # a GitHub pull-request comment
     assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
+    assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
     page = (agent_run / "report.html").read_text()
-    assert "No kernel-slot roofline" in page and "No LLM calls" in page
+    assert "No kernel-slot roofline" in page and "No LLM calls" in page and "Against the hardware floor" in page
     assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)
     assert 'slow_loader = false' in (agent_run / "best_config.toml").read_text()
 

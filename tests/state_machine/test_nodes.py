@@ -163,3 +163,21 @@ def test_offline_sweeps_only_knobs_that_have_an_effect(state, ctx):
                                            "incumbent": state.incumbent.model_copy(
                                                update={"config": {"tail_backend": "triton"}})})
     assert any("tail_block_b" in p.patch for p in propose_offline(triton_tail, ctx, limit=200))
+
+
+def test_user_settings_are_never_tuned(state, ctx):
+    verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current_verdict"]
+    assert not verdict.accepted and verdict.stage == "check" and "user's own setting" in verdict.reason
+    every = [finding(c, 0.3, 1.5) for c in ("optimizer", "embedding-bound", "data-wait", "cache-misses", "backward")]
+    proposals = propose_offline(state.model_copy(update={"findings": every}), ctx, limit=500)
+    assert proposals and all("embedding_hbm_budget_gb" not in p.patch for p in proposals)
+
+
+def test_host_tables_get_the_device_cache_rule_early(state, ctx):
+    host = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)], "incumbent":
+                                    state.incumbent.model_copy(update={"config": {
+                                        "embedding_placement": "host", "embedding_grad_mode": "sparse"}})})
+    first = {p.proposer: p.patch for p in propose_offline(host, ctx, limit=2)}
+    assert first["offline:device-cache"] == {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
+    device = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)]})
+    assert all(p.proposer != "offline:device-cache" for p in propose_offline(device, ctx, limit=50))

@@ -10,8 +10,9 @@ import pytest
 
 from targets.worker_client import run_worker
 from targets.worker_protocol import NumericsData, WorkerRequest
-from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_RTOL,
-                                 NumericsVerdict, compare, reorder_band)
+from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_MAX_SCALE,
+                                 REORDER_RTOL, REORDER_SAFETY, NumericsVerdict, calibrate_reorder, compare,
+                                 reorder_band)
 
 STEPS = 12
 GROUPS = ("encoder", "tail")
@@ -103,6 +104,32 @@ def test_reorder_rejects_a_real_change_of_the_math(quantity, perturb):
 def test_reorder_detail_says_where_and_by_how_much():
     verdict = compare(make(), scaled(make(), loss=at(7, 3.2e-3)), "reorder")
     assert verdict.detail == "loss at step 7 differs by 0.0032 relative, band 1.7e-05"
+
+
+def test_a_reproducible_baseline_keeps_the_fixed_reorder_bands():
+    calibration = calibrate_reorder(make(), make())
+    assert calibration.scale == 1.0 and calibration.worst == 0.0
+    small = calibrate_reorder(make(), scaled(make(), loss=at(5, 0.1 * reorder_band(5))))
+    assert small.scale == 1.0 and small.worst == pytest.approx(0.1, rel=1e-6) and small.quantity == "loss at step 5"
+
+
+def test_self_drift_widens_the_reorder_bands_to_three_times_it():
+    # The baseline against itself, reassociated: its loss at step 5 moves by 1.6x the fixed band.
+    calibration = calibrate_reorder(make(), scaled(make(), loss=at(5, 1.6 * reorder_band(5))))
+    assert calibration.scale == pytest.approx(REORDER_SAFETY * 1.6, rel=1e-6)
+    assert "loss at step 5" in calibration.detail
+    kernel = scaled(make(), loss=at(5, 2.0 * reorder_band(5)))  # another order, a bit further off
+    assert not compare(make(), kernel, "reorder").ok
+    assert compare(make(), kernel, "reorder", reorder_scale=calibration.scale).ok
+
+
+def test_calibrated_bands_are_capped_and_still_reject_a_change_of_the_math():
+    wild = calibrate_reorder(make(), scaled(make(), probe=lambda j: 1e-2))
+    assert wild.scale == REORDER_MAX_SCALE and wild.quantity.startswith("probe")
+    for quantity, perturb in (("loss", dict(loss=at(7, 3.2e-3))), ("probe", dict(probe=lambda j: 1e-3)),
+                              ("param_norms", dict(params=1e-3))):
+        verdict = compare(make(), scaled(make(), **perturb), "reorder", reorder_scale=wild.scale)
+        assert not verdict.ok and verdict.failed_quantity == quantity
 
 
 # -- precision ---------------------------------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""One rank's training session of the distributed reference trainer (the Session protocol, per rank).
+
+A step, on every rank (W ranks, global batch B, rank r holding samples [lo_r, hi_r)):
+  data        build global batch i, keep this rank's slice
+  input_dist  all-to-all of bag lengths, then of ids: table owners get the global batch's bags
+  embed       owners pool their tables over the global batch
+  output_dist all-to-all of pooled vectors back to the samples' ranks
+  dense       encoder and HASTE output on this rank's samples (DDP replica)
+  loss        this rank's share: BCE summed over its samples and all labels, / B
+  backward    DDP all-reduces (sums) the dense gradients in buckets; the pooled gradients go back to
+              the owners by the reverse all-to-all, who form each row's gradient over the global batch
+  optimizer   Adam (encoder) and SGD (output) on identical summed gradients on every rank; row-wise
+              Adagrad by each owner on its rows; rewiring, identical on every rank
+  loss_sync   all-reduce of the loss shares: the global loss, the single-process loss
+The probe and the held-out quality are the single-process session's, run on logits that each rank
+computes for its slice of the evaluation batch and all-gathers. Every method here is collective:
+every rank must call it, in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from targets.haste_rec.batch import Batch
+from targets.haste_rec.distributed.dense import build_tower, data_parallel
+from targets.haste_rec.distributed.exchange import gather_rows
+from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, sample_counts
+from targets.haste_rec.distributed.process_group import RankContext
+from targets.haste_rec.distributed.sharded_embeddings import TableWiseEmbeddings
+from targets.haste_rec.haste import zero_rewired_state
+from targets.haste_rec.loader import DeviceBatches
+from targets.haste_rec.model import PLAN_BATCHES, _build_key, _maybe_cached, embedding_config
+from targets.haste_rec.session import (ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM, REWIRE_FRACTION, HasteRecSession,
+                                       _optimizer_flags)
+from targets.haste_rec.sizes import HasteRecSize
+from targets.protocol import ConfigError, PhaseTimer
+
+PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail", "loss", "backward", "optimizer",
+          "loss_sync")
+UNSUPPORTED = {("tail_backend", "triton-fused-loss"): "the fused tail loss does not run under torch.distributed "
+                                                      "yet: use tail_backend torch, slots or triton"}
+
+
+class ShardedSession:
+    """A built config of haste_rec on one rank of a torch.distributed job."""
+
+    phase_names = PHASES
+    # Borrowed from the single-process session, so that the loss targets, the probe and the quality
+    # metric are the same code: they read data, size, device, valid, position, model.output, _eval_logits.
+    _positives = HasteRecSession._positives
+    _targets = HasteRecSession._targets
+    _cast_context = HasteRecSession._cast_context
+    probe = HasteRecSession.probe
+    quality = HasteRecSession.quality
+
+    def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
+                 plan: ShardingPlan, ctx: RankContext, seed: int):
+        for (knob, value), why in UNSUPPORTED.items():
+            if config[knob] == value:
+                raise ConfigError(f"{knob} {value}: {why}")
+        self.data, self.size, self.config, self.plan, self.ctx = data, size, dict(config), plan, ctx
+        self.device = ctx.device
+        self.batch_size = size.batch_size  # the global batch
+        self.samples = sample_counts(size.batch_size, ctx.world_size)
+        self.timer = PhaseTimer(self.device)
+        self.embeddings = self._build_embeddings(data, size, config, seed)
+        self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer)
+        self.ddp = data_parallel(self.model, self.device)
+        self.autocast = config["precision"] == "bf16-autocast"
+        flags = _optimizer_flags(config["optimizer_impl"])
+        self.encoder_opt = torch.optim.Adam(self.model.encoder.parameters(), lr=ENCODER_LR, **flags)
+        out = self.model.output
+        head_lr = OUTPUT_LR * self.model.shape.fan_in / size.hidden  # as the single-process session
+        self.output_opt = torch.optim.SGD([{"params": out.tail_parameters()},
+                                           {"params": out.head_parameters(), "lr": head_lr}],
+                                          lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM, **flags)
+        start = sum(self.samples[:ctx.rank])
+        self.batches = DeviceBatches(RankSamples(data, start, start + self.samples[ctx.rank]), self.device,
+                                     workers=config["data_workers"], pin_memory=config["pin_memory"],
+                                     prefetch=config["prefetch_to_device"],
+                                     sparse_on_device=config["embedding_placement"] == "device")
+        self.rewire_gen = torch.Generator().manual_seed(seed + 101)
+        self.steps_done = 0
+        self.record_grad_norms = False
+        self._grad_norms: dict[str, float] = {}
+        self.local_loss = math.nan  # this rank's share of the last step's loss
+        self.valid = out.valid_mask.to(self.device)
+        self.position = out.internal_position.to(self.device)
+
+    def _build_embeddings(self, data, size: HasteRecSize, config: Mapping[str, Any], seed: int) -> TableWiseEmbeddings:
+        """The sharded tables, planned as HasteRecModel plans the single-process store: for the bags of the
+        global batch, which is what an owner pools."""
+        cfg = embedding_config(config, size)
+        counts = None
+        if cfg.placement == "cached":
+            counts = _maybe_cached("access-counts", _build_key(data, PLAN_BATCHES),
+                                   lambda: data.id_access_counts(PLAN_BATCHES))
+        max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows,
+                                                                                           size.pooling)]
+        weighted = any(w is not None for w in data.heldout().weights)
+        return TableWiseEmbeddings(self.plan, self.ctx.rank, size.table_rows, size.embedding_dim, cfg,
+                                   self.device, seed, self.ctx.embedding_group, weighted, access_counts=counts,
+                                   max_unique_per_batch=max_unique, phase=self.timer)
+
+    # -- the step ------------------------------------------------------------------------------
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """This rank's share of the global loss: the BCE sum of its samples over the GLOBAL batch size."""
+        targets = self._targets(batch, logits.shape[1])
+        total = F.binary_cross_entropy_with_logits(logits.float(), targets, weight=self.valid.float(), reduction="sum")
+        return total / self.batch_size
+
+    def step(self) -> torch.Tensor:
+        phase = self.timer
+        with phase("data"):
+            batch = next(self.batches)
+        with self._cast_context():
+            logits = self.ddp(self.embeddings(batch, self.samples), batch.dense)
+        with phase("loss"):
+            loss = self.loss(logits, batch)
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            if self.record_grad_norms:
+                self._grad_norms = self._measure_grad_norms()
+            self.encoder_opt.step()
+            self.output_opt.step()
+            self.embeddings.optimizer_step()
+            self.encoder_opt.zero_grad(set_to_none=True)
+            self.output_opt.zero_grad(set_to_none=True)
+            self.embeddings.zero_grad()
+            self.steps_done += 1
+            every = self.config["rewire_every"]
+            if every and self.steps_done % every == 0:
+                zero_rewired_state(self.output_opt, self.model.output.rewire(REWIRE_FRACTION, self.rewire_gen))
+        with phase("loss_sync"):
+            local = loss.detach()
+            total = local.clone()
+            dist.all_reduce(total)
+        self.local_loss = float(local)
+        return total
+
+    # -- what the worker reads (collective) ----------------------------------------------------
+    def _measure_grad_norms(self) -> dict[str, float]:
+        def norm(params) -> float:
+            grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
+            return math.sqrt(float(torch.stack(grads).sum())) if grads else 0.0
+        out = self.model.output
+        return {"encoder": norm(self.model.encoder.parameters()), "head": norm(out.head_parameters()),
+                "tail": norm(out.tail_parameters()), "embeddings": math.sqrt(self.embeddings.grad_sq_norm())}
+
+    def grad_norms(self) -> dict[str, float]:
+        return dict(self._grad_norms)
+
+    @torch.no_grad()
+    def _eval_logits(self, batch: Batch) -> torch.Tensor:
+        """Logits of a whole evaluation batch, which every rank passes: each computes its slice, then all gather."""
+        counts = sample_counts(batch.batch_size, self.ctx.world_size)
+        start = sum(counts[:self.ctx.rank])
+        mine = batch.slice(start, start + counts[self.ctx.rank]).to(self.device)
+        with self._cast_context():
+            logits = self.model(self.embeddings(mine, counts), mine.dense).float()
+        return gather_rows(logits, counts)
+
+    def param_digest(self) -> dict[str, Any]:
+        """Parameter norms per group. No sha256: the tables never meet in one process, and a sharded run
+        can only match the single-process one in the reorder class anyway."""
+        out = self.model.output
+        groups = {"encoder": list(self.model.encoder.parameters()), "head": list(out.head_parameters()),
+                  "tail": list(out.tail_parameters())}
+        norms = {name: math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in ps))
+                 for name, ps in groups.items()}
+        norms["embeddings"] = math.sqrt(self.embeddings.table_sq_norm())
+        return {"norms": norms}
+
+    def counters(self) -> dict[str, float]:
+        return {"steps": float(self.steps_done), **self.embeddings.counters()}
