@@ -114,6 +114,18 @@ def embedding_config(config: Mapping[str, Any], size: HasteRecSize) -> Embedding
         backend=config["embedding_backend"])
 
 
+def cache_plan_inputs(data, size: HasteRecSize, emb_cfg: EmbeddingConfig) -> tuple[list[torch.Tensor] | None, list[int]]:
+    """What the embedding cache plan reads: measured access counts (placement cached only; from the build
+    cache when another worker measured them) and the most distinct ids one batch can hold per table
+    (bags are pool +- 50%), which is each table's cache floor."""
+    counts = None
+    if emb_cfg.placement == "cached":
+        counts = _maybe_cached("access-counts", _build_key(data, PLAN_BATCHES),
+                               lambda: data.id_access_counts(PLAN_BATCHES))
+    max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
+    return counts, max_unique
+
+
 def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The Triton tail's tile config from the tail_* kernel knobs (used by the Triton backends only)."""
     return {"block_b": config["tail_block_b"], "num_warps": config["tail_num_warps"],
@@ -129,12 +141,7 @@ class HasteRecModel(nn.Module):
         check_backend_device(config["tail_backend"], device)  # before any set-up work
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config, size)
-        counts = None
-        if emb_cfg.placement == "cached":
-            counts = _maybe_cached("access-counts", _build_key(data, PLAN_BATCHES),
-                                   lambda: data.id_access_counts(PLAN_BATCHES))
-        # The most distinct ids one batch can hold per table (bags are pool +- 50%): the cache's floor.
-        max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows, size.pooling)]
+        counts, max_unique = cache_plan_inputs(data, size, emb_cfg)
         self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,
                                          access_counts=counts, max_unique_per_batch=max_unique)
         torch.manual_seed(seed)

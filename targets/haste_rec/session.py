@@ -1,8 +1,7 @@
 """One training session of the reference trainer: the step, split into named phases, plus the
 deterministic probe, gradient norms, parameter digest and held-out quality the worker reads.
 
-Optimizers follow HASTE: Adam for the encoder, SGD with momentum for the output layer, row-wise
-Adagrad for the embedding tables (owned by the embedding store). The loss is BCE summed over all
+Optimizers follow HASTE (``optimizers.py``). The loss is BCE summed over all
 labels and averaged over the batch. Under tail_backend triton-fused-loss the step computes the
 same loss without the tail's logits: the head's BCE as usual, plus the tail's from the fused
 kernel, which also yields the tail's gradients (so its "tail" phase holds part of the backward).
@@ -18,23 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
-from targets.haste_rec.haste import zero_rewired_state
 from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
 from targets.haste_rec.model import HasteRecModel
+from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.sizes import HasteRecSize
 from targets.haste_rec.work_model import step_work
 from targets.protocol import PhaseTimer, PhaseWork, sequence_digest
 
 PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
-ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 3e-3, 0.5, 0.9
-REWIRE_FRACTION = 0.1
 PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
-
-
-def _optimizer_flags(impl: str) -> dict[str, bool]:
-    return {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
-            "fused": {"fused": True}}[impl]
 
 
 class HasteRecSession:
@@ -55,20 +47,11 @@ class HasteRecSession:
             self.model.output.to(torch.bfloat16)
         self.autocast = precision == "bf16-autocast"
         self.encoder = torch.compile(self.model.encoder) if config["compile_encoder"] else self.model.encoder
-        flags = _optimizer_flags(config["optimizer_impl"])
-        self.encoder_opt = torch.optim.Adam(self.model.encoder.parameters(), lr=ENCODER_LR, **flags)
+        self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output
-        # A logit's SGD step grows with its fan-in: the dense head reads all H dims, a tail group F.
-        # Scaling the head's rate by F / H gives every logit the same step size.
-        head_lr = OUTPUT_LR * self.model.shape.fan_in / size.hidden
-        self.output_opt = torch.optim.SGD([{"params": out.tail_parameters()},
-                                           {"params": out.head_parameters(), "lr": head_lr}],
-                                          lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM, **flags)
         self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
                                      prefetch=config["prefetch_to_device"],
                                      sparse_on_device=config["embedding_placement"] == "device")
-        self.rewire_gen = torch.Generator().manual_seed(seed + 101)
-        self.steps_done = 0
         self.record_grad_norms = False  # the worker's numerics mode turns this on (it costs a sync per step)
         self._grad_norms: dict[str, float] = {}
         self.valid = out.valid_mask.to(device)
@@ -157,30 +140,11 @@ class HasteRecSession:
             loss.backward()
         with phase("optimizer"):
             if self.record_grad_norms:
-                self._grad_norms = self._measure_grad_norms()
-            self.encoder_opt.step()
-            self.output_opt.step()
-            self.model.embeddings.optimizer_step()
-            self.encoder_opt.zero_grad(set_to_none=True)
-            self.output_opt.zero_grad(set_to_none=True)
-            self.model.embeddings.zero_grad()
-            self.steps_done += 1
-            every = self.config["rewire_every"]
-            if every and self.steps_done % every == 0:
-                mask = self.model.output.rewire(REWIRE_FRACTION, self.rewire_gen)
-                zero_rewired_state(self.output_opt, mask)
+                self._grad_norms = grad_norms(self.model, self.model.embeddings)
+            self.optimizers.step(self.model, self.model.embeddings)
         return loss.detach()
 
     # -- what the worker reads -----------------------------------------------------------------
-    def _measure_grad_norms(self) -> dict[str, float]:
-        def norm(params) -> float:
-            grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
-            return math.sqrt(float(torch.stack(grads).sum())) if grads else 0.0
-        out = self.model.output
-        return {"encoder": norm(self.model.encoder.parameters()), "head": norm(out.head_parameters()),
-                "tail": norm(out.tail_parameters()),
-                "embeddings": math.sqrt(self.model.embeddings.grad_sq_norm())}
-
     def grad_norms(self) -> dict[str, float]:
         return dict(self._grad_norms)
 
@@ -222,6 +186,10 @@ class HasteRecSession:
     def work_model(self, bus_bytes_per_step: float = 0.0) -> dict[str, PhaseWork]:
         """The least FLOPs and bytes of each phase of a step: the roofline floor's input."""
         return step_work(self, bus_bytes_per_step)
+
+    @property
+    def steps_done(self) -> int:
+        return self.optimizers.steps_done
 
     def counters(self) -> dict[str, float]:
         return {"steps": float(self.steps_done), **self.model.embeddings.counters()}

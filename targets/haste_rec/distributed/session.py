@@ -32,11 +32,10 @@ from targets.haste_rec.distributed.exchange import gather_rows
 from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, sample_counts
 from targets.haste_rec.distributed.process_group import RankContext
 from targets.haste_rec.distributed.sharded_embeddings import TableWiseEmbeddings
-from targets.haste_rec.haste import zero_rewired_state
 from targets.haste_rec.loader import DeviceBatches
-from targets.haste_rec.model import PLAN_BATCHES, _build_key, _maybe_cached, embedding_config
-from targets.haste_rec.session import (ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM, REWIRE_FRACTION, HasteRecSession,
-                                       _optimizer_flags)
+from targets.haste_rec.model import cache_plan_inputs, embedding_config
+from targets.haste_rec.optimizers import Optimizers, grad_norms
+from targets.haste_rec.session import HasteRecSession
 from targets.haste_rec.sizes import HasteRecSize
 from targets.protocol import ConfigError, PhaseTimer
 
@@ -72,20 +71,13 @@ class ShardedSession:
         self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer)
         self.ddp = data_parallel(self.model, self.device)
         self.autocast = config["precision"] == "bf16-autocast"
-        flags = _optimizer_flags(config["optimizer_impl"])
-        self.encoder_opt = torch.optim.Adam(self.model.encoder.parameters(), lr=ENCODER_LR, **flags)
+        self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output
-        head_lr = OUTPUT_LR * self.model.shape.fan_in / size.hidden  # as the single-process session
-        self.output_opt = torch.optim.SGD([{"params": out.tail_parameters()},
-                                           {"params": out.head_parameters(), "lr": head_lr}],
-                                          lr=OUTPUT_LR, momentum=OUTPUT_MOMENTUM, **flags)
         start = sum(self.samples[:ctx.rank])
         self.batches = DeviceBatches(RankSamples(data, start, start + self.samples[ctx.rank]), self.device,
                                      workers=config["data_workers"], pin_memory=config["pin_memory"],
                                      prefetch=config["prefetch_to_device"],
                                      sparse_on_device=config["embedding_placement"] == "device")
-        self.rewire_gen = torch.Generator().manual_seed(seed + 101)
-        self.steps_done = 0
         self.record_grad_norms = False
         self._grad_norms: dict[str, float] = {}
         self.local_loss = math.nan  # this rank's share of the last step's loss
@@ -96,12 +88,7 @@ class ShardedSession:
         """The sharded tables, planned as HasteRecModel plans the single-process store: for the bags of the
         global batch, which is what an owner pools."""
         cfg = embedding_config(config, size)
-        counts = None
-        if cfg.placement == "cached":
-            counts = _maybe_cached("access-counts", _build_key(data, PLAN_BATCHES),
-                                   lambda: data.id_access_counts(PLAN_BATCHES))
-        max_unique = [min(rows, (pool + pool // 2) * size.batch_size) for rows, pool in zip(size.table_rows,
-                                                                                           size.pooling)]
+        counts, max_unique = cache_plan_inputs(data, size, cfg)
         weighted = any(w is not None for w in data.heldout().weights)
         return TableWiseEmbeddings(self.plan, self.ctx.rank, size.table_rows, size.embedding_dim, cfg,
                                    self.device, seed, self.ctx.embedding_group, weighted, access_counts=counts,
@@ -126,17 +113,8 @@ class ShardedSession:
             loss.backward()
         with phase("optimizer"):
             if self.record_grad_norms:
-                self._grad_norms = self._measure_grad_norms()
-            self.encoder_opt.step()
-            self.output_opt.step()
-            self.embeddings.optimizer_step()
-            self.encoder_opt.zero_grad(set_to_none=True)
-            self.output_opt.zero_grad(set_to_none=True)
-            self.embeddings.zero_grad()
-            self.steps_done += 1
-            every = self.config["rewire_every"]
-            if every and self.steps_done % every == 0:
-                zero_rewired_state(self.output_opt, self.model.output.rewire(REWIRE_FRACTION, self.rewire_gen))
+                self._grad_norms = grad_norms(self.model, self.embeddings)
+            self.optimizers.step(self.model, self.embeddings)
         with phase("loss_sync"):
             local = loss.detach()
             total = local.clone()
@@ -145,14 +123,6 @@ class ShardedSession:
         return total
 
     # -- what the worker reads (collective) ----------------------------------------------------
-    def _measure_grad_norms(self) -> dict[str, float]:
-        def norm(params) -> float:
-            grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
-            return math.sqrt(float(torch.stack(grads).sum())) if grads else 0.0
-        out = self.model.output
-        return {"encoder": norm(self.model.encoder.parameters()), "head": norm(out.head_parameters()),
-                "tail": norm(out.tail_parameters()), "embeddings": math.sqrt(self.embeddings.grad_sq_norm())}
-
     def grad_norms(self) -> dict[str, float]:
         return dict(self._grad_norms)
 
@@ -176,6 +146,10 @@ class ShardedSession:
                  for name, ps in groups.items()}
         norms["embeddings"] = math.sqrt(self.embeddings.table_sq_norm())
         return {"norms": norms}
+
+    @property
+    def steps_done(self) -> int:
+        return self.optimizers.steps_done
 
     def counters(self) -> dict[str, float]:
         return {"steps": float(self.steps_done), **self.embeddings.counters()}

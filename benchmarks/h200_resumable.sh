@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A long `sg-opt optimize` split over several GPU calls of at most ~10 minutes each.
+#
+# Each call runs the agent for at most SLICE seconds, then stops it (SIGTERM; the checkpoint of every
+# finished node is already on disk) and packs the run directory into $OUT/run.tgz. The next call
+# finds the run under runs/ (kept on a warm machine) or unpacks the tarball carried back (CARRY=path),
+# and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
+# When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
+#
+# Usage: OUT=/dir SIZE=large MINUTES=20 SLICE=540 [CONFIG=...] [CARRY=prev/run.tgz] \
+#        bash benchmarks/h200_resumable.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/sg-opt-out}; SIZE=${SIZE:-large}; MINUTES=${MINUTES:-20}; SLICE=${SLICE:-540}
+DEVICE=${DEVICE:-cuda}; CONFIG=${CONFIG:-}; ITERS=${ITERS:-25}; RUNS=${RUNS:-runs/headline}
+mkdir -p "$OUT" "$RUNS"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/sg-opt-cache}
+[ "$DEVICE" = cuda ] && unset TRITON_INTERPRET
+[ -n "${CARRY:-}" ] && [ -f "$CARRY" ] && [ -z "$(ls -A "$RUNS")" ] && tar xzf "$CARRY" -C "$RUNS"
+run=$(ls -d "$RUNS"/*/ 2>/dev/null | head -1)
+args=(--target haste-rec --size "$SIZE" --device "$DEVICE")
+[ -n "$CONFIG" ] && args+=(--config "$CONFIG")
+if [ -n "$run" ]; then
+    echo "== resuming $(basename "$run")"
+    cmd=(python3 -m sg_opt.cli optimize --resume "$run" --out "$RUNS")
+else
+    echo "== starting: optimize ${args[*]} --tier offline --max-minutes $MINUTES --max-iters $ITERS"
+    cmd=(python3 -m sg_opt.cli optimize "${args[@]}" --tier offline --max-minutes "$MINUTES" --max-iters "$ITERS"
+         --out "$RUNS")
+fi
+timeout "$SLICE" "${cmd[@]}" >> "$OUT/optimize.log" 2>&1
+rc=$?
+echo "optimize rc $rc ($([ $rc = 124 ] && echo 'stopped at the slice; resume next call' || echo finished))"
+run=$(ls -d "$RUNS"/*/ | head -1)
+tar czf "$OUT/run.tgz" -C "$RUNS" .
+if [ $rc = 0 ] && [ -f "$run/best_config.toml" ]; then
+    timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" --blocks 10 > "$OUT/bench_vs.log" 2>&1
+    tail -3 "$OUT/bench_vs.log"; grep -v '^$' "$run/report.md" | head -40
+fi
