@@ -214,7 +214,12 @@ class KernelSlot:
 
 @runtime_checkable
 class Session(Protocol):
-    """One built configuration of a target, ready to train."""
+    """One built configuration of a target, ready to train.
+
+    Optional: ``work_model(bus_bytes_per_step)`` (each phase's least work, for the roofline floor) and
+    ``perturb(relative, seed)`` (multiply every dense parameter by 1 +- relative, signs drawn from
+    seed: how the agent measures how far the workload carries a rounding-sized difference).
+    """
 
     phase_names: tuple[str, ...]
     timer: "PhaseTimer"

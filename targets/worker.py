@@ -94,6 +94,9 @@ def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> Ben
                      final_loss=values[-1] if values else float("nan"), counters=session.counters())
 
 
+FP32_UNIT_ROUNDOFF = 2.0 ** -24  # the relative size of one rounding in fp32
+
+
 def make_deterministic(device: torch.device) -> None:
     """A numerics fingerprint must not vary between runs of the same config, or no band means anything.
 
@@ -204,6 +207,8 @@ def execute(req: WorkerRequest) -> WorkerResult:
             make_deterministic(device)
         result.environment = environment(device)
         _, result.config, _, session = build_session(req, device)
+        if req.mode == "numerics" and req.reassociate and hasattr(session, "perturb"):
+            session.perturb(FP32_UNIT_ROUNDOFF, req.seed + 1)
         if req.mode == "bench":
             result.bench = run_bench(session, req, device)
         elif req.mode == "numerics":

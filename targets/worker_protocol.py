@@ -31,7 +31,9 @@ class WorkerRequest(BaseModel):
     phase_steps: int = 5
     threads: int | None = Field(None, description="torch intra-op threads on the CPU (None: torch's default)")
     reassociate: bool = Field(False, description="numerics mode only: skip the deterministic set-up (one CPU thread, "
-                                                 "deterministic CUDA algorithms), so float association may change")
+                                                 "deterministic CUDA algorithms), so float association may change, "
+                                                 "and nudge the dense parameters by one fp32 rounding if the "
+                                                 "session can (Session.perturb)")
 
 
 class Failure(BaseModel):

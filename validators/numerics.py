@@ -22,7 +22,7 @@ traced to a stated number and its reason:
   small over 30 steps.
   Some workloads amplify rounding faster than that (a high learning rate early in training); the
   agent measures it at baseline time by running the baseline twice, once deterministic and once free
-  to reassociate, and ``calibrate_reorder`` widens the bands to ``REORDER_SAFETY`` = 3 times that
+  to reassociate from parameters nudged by one fp32 rounding, and ``calibrate_reorder`` widens the bands to ``REORDER_SAFETY`` = 3 times that
   self-drift, at most ``REORDER_MAX_SCALE`` = 10 times the fixed bands.
 * ``precision``: bf16 keeps 8 mantissa bits, u = 2**-8 ~ 3.9e-3. A loss computed in fp32 from bf16
   activations moves by a few u per step, so ``PRECISION_LOSS_RTOL`` = 2% (~5 u) per step; grad norms
@@ -240,7 +240,9 @@ class ReorderCalibration(BaseModel):
 
 def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
     """The reorder bands' scale for this workload, from two runs of the SAME config: one deterministic,
-    one free to reassociate (nondeterministic CUDA atomics, all CPU threads).
+    one free to reassociate (nondeterministic CUDA atomics, all CPU threads) and started from
+    parameters nudged by one fp32 rounding (where the target offers ``Session.perturb``), so that the
+    run shows how far this workload's training carries a rounding-sized difference.
 
     The fixed bands assume rounding grows by 10% a step. A workload that amplifies rounding faster
     (a high learning rate early in training) shows it on itself: its own reassociation already moves

@@ -187,6 +187,16 @@ class HasteRecSession:
         """The least FLOPs and bytes of each phase of a step: the roofline floor's input."""
         return step_work(self, bus_bytes_per_step)
 
+    @torch.no_grad()
+    def perturb(self, relative: float, seed: int) -> None:
+        """Every dense parameter times 1 +- relative (signs from seed, drawn on its device): a rounding-sized
+        difference, to see how far training carries it. Tables are left alone (13 GB at size large)."""
+        out = self.model.output
+        for i, p in enumerate([*self.model.encoder.parameters(), *out.head_parameters(), *out.tail_parameters()]):
+            gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + i)
+            signs = torch.randint(0, 2, p.shape, generator=gen, device=p.device).to(p.dtype).mul_(2).sub_(1)
+            p.mul_(signs.mul_(relative).add_(1))
+
     @property
     def steps_done(self) -> int:
         return self.optimizers.steps_done

@@ -263,16 +263,26 @@ def test_unknown_class_is_a_programming_error():
 
 @pytest.fixture(scope="module")
 def trainer_runs() -> dict[str, NumericsData]:
-    configs = {"baseline": {}, "fused": {"embedding_grad_mode": "fused"}, "bf16": {"precision": "bf16-autocast"}}
+    configs = {"baseline": {}, "fused": {"embedding_grad_mode": "fused"}, "bf16": {"precision": "bf16-autocast"},
+               "nudged": {}}
 
-    def run(config: dict) -> NumericsData:
-        req = WorkerRequest(target="haste-rec", size="tiny", mode="numerics", steps=6, threads=1, config=config)
+    def run(name: str) -> NumericsData:
+        req = WorkerRequest(target="haste-rec", size="tiny", mode="numerics", steps=6, threads=1,
+                            config=configs[name], reassociate=name == "nudged")
         result = run_worker(req, timeout_s=300)
         assert result.ok, result.failure
         return result.numerics
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(configs, pool.map(run, configs.values())))
+        return dict(zip(configs, pool.map(run, configs)))
+
+
+def test_a_nudged_baseline_moves_by_rounding_and_calibrates_the_bands(trainer_runs):
+    base, nudged = trainer_runs["baseline"], trainer_runs["nudged"]
+    assert nudged.losses != base.losses  # one fp32 rounding of every dense parameter shows
+    assert compare(base, nudged, "reorder").ok  # ...and stays a rounding-sized difference
+    calibration = calibrate_reorder(base, nudged)
+    assert 0 < calibration.worst < 1 and calibration.scale == 1.0
 
 
 def test_fused_embedding_gradients_are_a_reorder_not_exact(trainer_runs):
