@@ -19,7 +19,7 @@ from targets.worker_protocol import Failure, WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
 from validators.speedup import (ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse, assert_sides,
                                 block_order, bootstrap_ratio_ci, calibrate_noise_floor, confirm_win, decide,
-                                floor_from, measure_ab, paired_ratio, shared_cpus, spec_digest)
+                                floor_from, measure_ab, overlap_builds, paired_ratio, shared_cpus, spec_digest)
 
 BASE_STEP_S = 3e-3
 
@@ -250,3 +250,10 @@ def test_real_aa_of_the_reference_trainer_is_not_faster():
     assert len(result.a.block_medians) == 6 and result.a.config["embedding_grad_mode"] == "dense"
     assert result.a.cpus == result.b.cpus == result.cpus == shared_cpus(INCUMBENT, INCUMBENT)  # the same cores
     assert_sides(result, INCUMBENT, INCUMBENT)
+
+
+def test_sides_build_at_once_only_on_a_gpu():
+    cpu = INCUMBENT
+    gpu = INCUMBENT.model_copy(update={"device": "cuda"})
+    assert overlap_builds(gpu, gpu.model_copy(update={"device": "cuda:0"}))
+    assert not overlap_builds(cpu, cpu) and not overlap_builds(gpu, cpu)
