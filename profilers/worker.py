@@ -55,6 +55,9 @@ def execute(req: ProfileRequest) -> ProfileResult:
     """Profile the request's config; every failure the workload raises becomes a structured result."""
     start = time.perf_counter()
     result = ProfileResult(ok=False, target=req.target, size=req.size)
+    if req.ranks > 1:  # an agent run with --ranks still profiles, as the single-process trainer
+        result.notes.append(f"profiled as one process: the profiler does not run ranked yet (asked: {req.ranks})")
+        req = req.model_copy(update={"ranks": 1})
     try:
         device = open_device(req)
         result.environment = environment(device)

@@ -69,13 +69,15 @@ def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable
                       f"{', '.join(s.name for s in target.kernel_slots) or '-'}\n")
 
 
-def _inputs(target: str, size: str, config: str | None, sets: list[str], data: str | None) -> dict:
+def _inputs(target: str, size: str, config: str | None, sets: list[str], data: str | None,
+            ranks: int = 1) -> dict:
     """Resolve and check what the user asked for before any worker starts; exit 2 on bad input."""
     from sg_opt.config import build_overrides
 
     try:
         resolved = resolve_target(target)
         resolved.check_size(size)
+        resolved.check_ranks(ranks)
         overrides = build_overrides(resolved.knob_space, config, sets)
         if data is not None and not resolved.data_formats:
             raise ConfigError(f"target {resolved.name} reads no data files; drop --data")
@@ -104,6 +106,9 @@ DATA_OPT = typer.Option(None, "--data", help="train on this file (haste-rec: ext
                                              "instead of synthetic data")
 DEVICE_OPT = typer.Option("cpu", help="cpu or cuda")
 THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker")
+RANKS_OPT = typer.Option(1, "--ranks", help="run every worker as this many processes of one torch.distributed job "
+                                            "(torchrun, one device each, --threads each: torchrun's default is 1; "
+                                            "step times are the slowest rank's); the target needs a build_ranked")
 TIMEOUT_OPT = typer.Option(1800.0, help="seconds before the worker is killed")
 JSON_OPT = typer.Option(False, "--json", help="print the worker's JSON result")
 
@@ -115,7 +120,8 @@ def bench(
     steps: int = typer.Option(20, min=1, help="timed steps"),
     warmup: int = typer.Option(5, min=0, help="untimed steps first"),
     phase_steps: int = typer.Option(5, min=0, help="steps of the synchronised per-phase pass"),
-    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
+    threads: Optional[int] = THREADS_OPT, ranks: int = RANKS_OPT, timeout: float = TIMEOUT_OPT,
+    as_json: bool = JSON_OPT,
     vs: Optional[str] = typer.Option(None, "--vs", help="a second config (TOML) to measure side by side against "
                                                         "this one: interval and verdict"),
     blocks: int = typer.Option(10, min=2, help="--vs: interleaved blocks per side (even)"),
@@ -132,7 +138,7 @@ def bench(
     from sg_opt.bench import bench as run_bench, render
     from sg_opt.saved_baseline import SaveFailed, check_writable
 
-    overrides = _inputs(target, size, config, set_, data)
+    overrides = _inputs(target, size, config, set_, data, ranks)
     if save is not None:
         if vs is not None:
             fail("--save keeps the figures of one config; drop --vs")
@@ -142,12 +148,13 @@ def bench(
             fail(str(exc))
     if vs is not None:
         _bench_vs(target, size, overrides, _inputs(target, size, vs, [], data), data, device, warmup, threads,
-                  timeout, blocks, block_steps, floor, as_json)
+                  ranks, timeout, blocks, block_steps, floor, as_json)
         return
-    with console.status(f"benchmarking {target} @ {size} on {device} ..."):
+    on = f"{ranks} ranks on {device}" if ranks > 1 else device
+    with console.status(f"benchmarking {target} @ {size} on {on} ..."):
         try:
             result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data,
-                               save)
+                               save, ranks)
         except SaveFailed as exc:
             fail(str(exc), code=1)
     if as_json:
@@ -160,14 +167,15 @@ def bench(
 
 
 def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: str | None, device: str, warmup: int,
-              threads: int | None, timeout: float, blocks: int, block_steps: int, floor: float | None,
+              threads: int | None, ranks: int, timeout: float, blocks: int, block_steps: int, floor: float | None,
               as_json: bool) -> None:
     from sg_opt.compare import compare, render
     from targets.worker_protocol import WorkerRequest
 
     if blocks % 2:
         fail("--blocks must be even, so that each side runs first equally often")
-    spec = dict(target=target, size=size, mode="bench", data=data, device=device, warmup=warmup, threads=threads)
+    spec = dict(target=target, size=size, mode="bench", data=data, device=device, warmup=warmup, threads=threads,
+                ranks=ranks)
     with console.status("calibrating the noise floor (A/A), then measuring side by side ..."):
         try:
             result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
@@ -240,7 +248,7 @@ def optimize(
                                                                 "its last checkpoint"),
     allow_model_changes: bool = typer.Option(False, "--allow-model-changes", help="also try knobs that change "
                                                                                   "the model, judged by quality"),
-    threads: Optional[int] = THREADS_OPT,
+    threads: Optional[int] = THREADS_OPT, ranks: int = RANKS_OPT,
     timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
                                                        "(shortened to 8x the baseline's once that is known)"),
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
@@ -262,13 +270,14 @@ def optimize(
         else:
             if blocks % 2:
                 raise ConfigError("--blocks must be even, so that each side runs first equally often")
-            overrides = _inputs(target, size, config, set_, data)
+            overrides = _inputs(target, size, config, set_, data, ranks)
             plan = {"blocks": blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
                     **({"block_steps": block_steps} if block_steps else {})}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
-                                 threads=threads, tier=tier, search=search, tiers_file=tiers, base_url=base_url,
+                                 threads=threads, ranks=ranks, tier=tier, search=search, tiers_file=tiers,
+                                 base_url=base_url,
                                  model=model, llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters,
                                  max_minutes=max_minutes,
                                  allow_model_changes=allow_model_changes, plan=plan)

@@ -46,6 +46,7 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     """The context and initial state of a run; raises ConfigError for anything the user must fix."""
     target = resolve_target(request.target)
     target.check_size(request.size)
+    target.check_ranks(request.ranks)
     target.knob_space.resolve(request.config)
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
@@ -66,12 +67,16 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     except ValueError as exc:
         raise ConfigError(f"bad evaluation plan: {exc}") from None
     state = RunState(run_id=request.run_id, run_dir=str(run_dir), target=request.target, size=request.size,
-                     device=request.device, data=request.data, threads=request.threads, seed=request.seed,
-                     tier=tier.name, allow_model_changes=request.allow_model_changes,
+                     device=request.device, data=request.data, threads=request.threads, ranks=request.ranks,
+                     seed=request.seed, tier=tier.name, allow_model_changes=request.allow_model_changes,
                      limits=Limits(max_iters=request.max_iters or tier.max_iterations,
                                    max_minutes=request.max_minutes, budget_usd=budget),
                      plan=plan, baseline_config=dict(request.config))
     return ctx, state
+
+
+def ranks_note(ranks: int) -> str:
+    return f" x {ranks} ranks" if ranks > 1 else ""
 
 
 class LiveView:
@@ -105,7 +110,7 @@ class LiveView:
         table.add_column()
         s = self.state
         table.add_row("run", f"{self.request.run_id} ({self.request.target} @ {self.request.size}, "
-                             f"{self.request.device}, tier {self.request.tier})")
+                             f"{self.request.device}{ranks_note(self.request.ranks)}, tier {self.request.tier})")
         table.add_row("now", self.node)
         if s is not None and s.baseline is not None:
             table.add_row("baseline", f"{s.baseline.step_ms:.2f} ms/step, noise floor {100 * s.baseline.noise_floor:.1f}%")

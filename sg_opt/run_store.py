@@ -32,6 +32,7 @@ class RunRequest(BaseModel):
     data: str | None = None
     device: str = "cpu"
     threads: int | None = None
+    ranks: int = Field(1, ge=1, description="processes of the torch.distributed job every worker runs as")
     seed: int = 0
     tier: str = "offline"
     search: str = Field("rules", description="the offline tier's proposer: rules or tpe")

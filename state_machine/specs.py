@@ -58,7 +58,7 @@ def request(state: RunState, mode: Mode, config: Mapping[str, Any], kernels: Map
     return WorkerRequest(target=state.target, size=state.size, mode=mode, config=dict(config),
                          kernels_dir=kernel_dir(state.run_dir, kernels), data=state.data, device=state.device,
                          seed=state.seed, steps=steps, warmup=state.plan.warmup, phase_steps=0,
-                         threads=state.threads)
+                         threads=state.threads, ranks=state.ranks)
 
 
 def baseline_request(state: RunState, mode: Mode, steps: int | None = None) -> WorkerRequest:

@@ -133,6 +133,7 @@ class RunState(BaseModel):
     device: str = "cpu"
     data: str | None = None
     threads: int | None = None
+    ranks: int = 1  # every worker of the run is a torch.distributed job of this many processes
     seed: int = 0
     tier: str = "offline"
     allow_model_changes: bool = False

@@ -257,12 +257,25 @@ class Target:
     phases: tuple[str, ...] = ()
     default_size: str = ""
     data_formats: tuple[str, ...] = ()  # file formats build(..., data=path) reads; empty: synthetic only
+    # Optional: build_ranked(config, size, kernels, device, seed, job[, data=path]) -> Session, this rank's
+    # session of a torch.distributed job (job: a targets.ranks.RankContext, its process group joined). Every
+    # Session method is then collective, and step() returns the global loss. None: the target runs on one rank.
+    build_ranked: Callable[..., Session] | None = None
 
     def slot(self, name: str) -> KernelSlot:
         for slot in self.kernel_slots:
             if slot.name == name:
                 return slot
         raise ConfigError(f"target {self.name} has no kernel slot {name!r}")
+
+    def check_ranks(self, ranks: int) -> int:
+        """ranks itself when the target can run on that many processes; else a ConfigError."""
+        if ranks < 1:
+            raise ConfigError(f"ranks must be at least 1, not {ranks}")
+        if ranks > 1 and self.build_ranked is None:
+            raise ConfigError(f"target {self.name} runs on one process only (it has no build_ranked); "
+                              f"drop --ranks {ranks}")
+        return ranks
 
     def check_size(self, size: str) -> str:
         if size not in self.sizes:

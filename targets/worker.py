@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from targets.protocol import ConfigError, Session, Target
+from targets.ranks import RankContext, inject_fault
 from targets.registry import resolve_target
 from targets.worker_protocol import (BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
                                      WorkerResult)
@@ -62,26 +63,32 @@ def _check_finite(losses: list[float], first_step: int = 0) -> None:
             raise NonFiniteLoss(f"loss is {loss} at step {first_step + i}")
 
 
-def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> BenchData:
-    """Warm up, then time each step (CUDA events on GPU, perf_counter on CPU), then one timed-phase pass."""
-    for _ in range(req.warmup):
-        session.step()
-    sync_device(device)
+def time_steps(session: Session, device: torch.device, steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """(seconds, loss) of each of ``steps`` steps: CUDA events on a GPU, perf_counter on the CPU; the device
+    is synchronised once at the end, so steps overlap as in training. Every timed loop of sg-opt is this one."""
     losses: list[torch.Tensor] = []
     if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(req.steps + 1)]
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         events[0].record()
-        for i in range(req.steps):
+        for i in range(steps):
             losses.append(session.step())
             events[i + 1].record()
         torch.cuda.synchronize(device)
-        step_s = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(req.steps)]
-    else:
-        step_s = []
-        for _ in range(req.steps):
-            start = time.perf_counter()
-            losses.append(session.step())
-            step_s.append(time.perf_counter() - start)
+        return [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(steps)], losses
+    step_s = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(session.step())
+        step_s.append(time.perf_counter() - start)
+    return step_s, losses
+
+
+def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> BenchData:
+    """Warm up, then time each step (``time_steps``), then one timed-phase pass."""
+    for _ in range(req.warmup):
+        session.step()
+    sync_device(device)
+    step_s, losses = time_steps(session, device, req.steps)
     values = [float(x) for x in losses]
     _check_finite(values, req.warmup)
     session.timer.timing = True
@@ -132,7 +139,7 @@ def run_quality(session: Session, req: WorkerRequest) -> QualityData:
     return QualityData(steps=req.steps, final_loss=float(loss), metrics=session.quality())
 
 
-def environment(device: torch.device) -> Environment:
+def environment(device: torch.device, ranks: int = 1) -> Environment:
     try:
         import triton
         triton_version = triton.__version__
@@ -140,7 +147,7 @@ def environment(device: torch.device) -> Environment:
         triton_version = None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     return Environment(device=str(device), device_name=name, torch=torch.__version__, triton=triton_version,
-                       python=platform.python_version(), threads=torch.get_num_threads())
+                       python=platform.python_version(), threads=torch.get_num_threads(), ranks=ranks)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -158,13 +165,16 @@ def open_device(req: WorkerRequest) -> torch.device:
     return resolve_device(req.device)
 
 
-def build_session(req: WorkerRequest, device: torch.device) -> tuple[Target, dict[str, Any], dict, Session]:
+def build_session(req: WorkerRequest, device: torch.device,
+                  job: RankContext | None = None) -> tuple[Target, dict[str, Any], dict, Session]:
     """(target, resolved config, loaded kernels, session) for a request; ConfigError on bad input.
 
-    Every worker (bench, profile, A/B) builds its session here, so they all read a request alike.
+    Every worker (bench, profile, A/B) builds its session here, so they all read a request alike. Given
+    the ``job`` of a ranked run (``targets.rank_worker``), the session is this rank's (``build_ranked``).
     """
     target = resolve_target(req.target)
     target.check_size(req.size)
+    target.check_ranks(job.world_size if job else 1)
     config = target.knob_space.resolve(req.config)
     kernels = load_kernels(req.kernels_dir, target)
     extra = {}
@@ -174,6 +184,8 @@ def build_session(req: WorkerRequest, device: torch.device) -> tuple[Target, dic
         if not Path(req.data).is_file():
             raise ConfigError(f"data file {req.data} does not exist")
         extra["data"] = req.data
+    if job is not None:
+        return target, config, kernels, target.build_ranked(config, req.size, kernels, device, req.seed, job, **extra)
     return target, config, kernels, target.build(config, req.size, kernels, device, req.seed, **extra)
 
 
@@ -197,24 +209,32 @@ def write_result(path: str | Path, record: Any) -> None:
     os.replace(tmp, path)
 
 
+def measure(req: WorkerRequest, device: torch.device, result: WorkerResult, job: RankContext | None = None) -> None:
+    """Build the request's session (this rank's, given a job) and run its mode, filling ``result`` in."""
+    if req.mode == "numerics" and not req.reassociate:
+        make_deterministic(device)
+    result.environment = environment(device, job.world_size if job else 1)
+    _, result.config, _, session = build_session(req, device, job)
+    if req.mode == "numerics" and req.reassociate and hasattr(session, "perturb"):
+        session.perturb(FP32_UNIT_ROUNDOFF, req.seed + 1)
+    if job is not None:
+        inject_fault(session, job.rank)
+    if req.mode == "bench":
+        result.bench = run_bench(session, req, device)
+    elif req.mode == "numerics":
+        result.numerics = run_numerics(session, req)
+    else:
+        result.quality = run_quality(session, req)
+
+
 def execute(req: WorkerRequest) -> WorkerResult:
     """Run the request; every failure the workload raises becomes a structured result."""
     start = time.perf_counter()
     result = WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size)
     try:
-        device = open_device(req)
-        if req.mode == "numerics" and not req.reassociate:
-            make_deterministic(device)
-        result.environment = environment(device)
-        _, result.config, _, session = build_session(req, device)
-        if req.mode == "numerics" and req.reassociate and hasattr(session, "perturb"):
-            session.perturb(FP32_UNIT_ROUNDOFF, req.seed + 1)
-        if req.mode == "bench":
-            result.bench = run_bench(session, req, device)
-        elif req.mode == "numerics":
-            result.numerics = run_numerics(session, req)
-        else:
-            result.quality = run_quality(session, req)
+        if req.ranks > 1:
+            raise ConfigError(f"ranks {req.ranks} run under torchrun (targets.rank_worker), not in this worker")
+        measure(req, open_device(req), result)
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
         result.failure = failure_of(exc)

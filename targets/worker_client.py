@@ -23,6 +23,9 @@ from targets.worker_protocol import Failure, WorkerRequest, WorkerResult
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.IGNORECASE)
 R = TypeVar("R", bound=BaseModel)
 SECRET_PREFIXES = ("OPENAI", "ANTHROPIC", "AZURE", "AWS_", "GOOGLE_", "HF_", "HUGGING")
+COLLECTIVE_TIMEOUT_ENV = "SG_OPT_COLLECTIVE_TIMEOUT_S"  # a ranked run's collective timeout: its own time limit
+RANK_FAILED_EXIT = 3  # a rank that wrote its failure exits with this (targets.rank_worker)
+TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
 
 
 def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -> dict[str, str]:
@@ -60,30 +63,93 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it exited meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the process group of ``pid`` and that of every process below it: torchrun starts each rank
+    in a session of its own, out of reach of a kill of the launcher's group alone."""
+    groups = {pid}
+    for child in descendants(pid):
+        try:
+            groups.add(os.getpgid(child))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgrp())  # never our own
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def torchrun(ranks: int) -> list[str]:
+    """The interpreter arguments that start a module as ``ranks`` processes of one local job (torchrun
+    on a free port; a failed rank fails the job at once, with no restart)."""
+    return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), "--max-restarts", "0"]
+
+
+def lost_rank(stderr: str) -> str | None:
+    """Which rank died without writing its failure, from torchrun's failure summary (None: none did).
+
+    torchrun's "root cause" is whichever failure it saw first, often a peer that only failed because its
+    connection closed. A rank that caught its own failure exits with RANK_FAILED_EXIT, and torchrun stops
+    the rest with SIGTERM; any other exit is a rank that crashed (a signal, a hard exit), the real cause.
+    """
+    for rank, code in TORCHRUN_FAILURE.findall(stderr):
+        if int(code) not in (RANK_FAILED_EXIT, -signal.SIGTERM):
+            return f"rank {rank} {exit_reason(int(code))} without a result"
+    return None
+
+
 def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: float,
               failed: Callable[[str, str, str], R], env: dict[str, str] | None = None, what: str = "worker",
-              cwd: str | None = None) -> R:
-    """Run ``python -m module --request F --result F`` in a fresh, scrubbed process group (in ``cwd``,
-    importing from it first, when given: see ``scrubbed_env``).
+              cwd: str | None = None, launcher: list[str] | None = None,
+              lost: Callable[[str], str | None] | None = None) -> R:
+    """Run ``python [launcher] -m module --request F --result F`` in a fresh, scrubbed process group (in
+    ``cwd``, importing from it first, when given: see ``scrubbed_env``); ``launcher`` is e.g. ``torchrun(2)``,
+    and ``lost(stderr)`` then says which of its processes crashed, if one did, when it exits non-zero.
 
     Returns the child's result record, or ``failed(kind, message, detail)`` for a hang (killed at
-    the time limit), a crash, or an unreadable result. Every worker of sg-opt is started here.
+    the time limit, with every process below it), a crash, or an unreadable result. Every worker of
+    sg-opt is started here.
     """
     with tempfile.TemporaryDirectory(prefix="sg-opt-worker-") as tmp:
         request_file, result_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
         stderr_file = Path(tmp) / "stderr.txt"
         request_file.write_text(request.model_dump_json())
-        cmd = [sys.executable, "-m", module, "--request", str(request_file), "--result", str(result_file)]
+        cmd = [sys.executable, *(launcher or []), "-m", module, "--request", str(request_file),
+               "--result", str(result_file)]
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                                     env=scrubbed_env(env, cwd), cwd=cwd, start_new_session=True)
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 proc.wait()
                 return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", "")
-        stderr_tail = stderr_file.read_bytes()[-4000:].decode(errors="replace")
+        stderr = stderr_file.read_bytes()[-64000:].decode(errors="replace")
+        stderr_tail = stderr[-4000:]
+        if code != 0 and lost is not None and (crashed := lost(stderr)):
+            return failed("crash", f"the {what} failed: {crashed}", stderr_tail)
         if not result_file.exists():
             return failed("crash", f"the {what} {exit_reason(code)} without a result", stderr_tail)
         try:
@@ -94,10 +160,18 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
 
 def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None,
                cwd: str | None = None) -> WorkerResult:
-    """Run one request in a fresh process (in the code tree ``cwd``, when given); return its result or a
-    structured failure."""
+    """Run one request in a fresh process, or ``req.ranks`` of them under torchrun (in the code tree ``cwd``,
+    when given); return its result or a structured failure.
+
+    A ranked run has the same time limit and failures: a rank that fails writes its failure and a rank
+    that dies is named (torchrun stops the others either way); one that hangs is killed at the time limit
+    with every process of the job (the ranks' collective timeout is that limit too)."""
     def failed(kind: str, message: str, detail: str) -> WorkerResult:
         return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
                             failure=Failure(kind=kind, message=message, detail=detail))
 
-    return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env, cwd=cwd)
+    if req.ranks == 1:
+        return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env, cwd=cwd)
+    return run_child("targets.rank_worker", req, WorkerResult, timeout_s, failed,
+                     {COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}", **(env or {})}, what=f"{req.ranks}-rank worker",
+                     cwd=cwd, launcher=torchrun(req.ranks), lost=lost_rank)

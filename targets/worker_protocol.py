@@ -29,7 +29,10 @@ class WorkerRequest(BaseModel):
     steps: int = 20
     warmup: int = 5
     phase_steps: int = 5
-    threads: int | None = Field(None, description="torch intra-op threads on the CPU (None: torch's default)")
+    threads: int | None = Field(None, description="torch intra-op threads on the CPU (None: torch's default; "
+                                                  "under torchrun, whose default is 1 per rank)")
+    ranks: int = Field(1, ge=1, description="processes of a torch.distributed job (torchrun, one device each); "
+                                            "above 1 the target needs a build_ranked")
     reassociate: bool = Field(False, description="numerics mode only: skip the deterministic set-up (one CPU thread, "
                                                  "deterministic CUDA algorithms), so float association may change, "
                                                  "and nudge the dense parameters by one fp32 rounding if the "
@@ -48,6 +51,10 @@ class BenchData(BaseModel):
     samples_per_step: int
     final_loss: float
     counters: dict[str, float] = Field(default_factory=dict)
+    rank_step_s: list[list[float]] | None = Field(None, description="ranked runs: each rank's own step seconds; "
+                                                                    "step_s is their per-step maximum")
+    rank_median_s: list[float] | None = Field(None, description="ranked runs: each rank's median step seconds "
+                                                                "(phase_s and counters are the slowest rank's)")
 
 
 class NumericsData(BaseModel):
@@ -71,6 +78,7 @@ class Environment(BaseModel):
     triton: str | None = None
     python: str
     threads: int
+    ranks: int = 1
 
 
 class RunResult(BaseModel):

@@ -56,6 +56,24 @@ def test_bench_tiny_prints_tables():
         assert word in result.stdout
 
 
+def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times():
+    result = runner.invoke(app, ["bench", "--ranks", "2", "--size", "tiny", "--steps", "3", "--warmup", "1",
+                                 "--phase-steps", "1"])
+    assert result.exit_code == 0, result.output
+    for word in ("2 ranks", "median ms", "median ms per rank: rank 0:", "input_dist"):
+        assert word in result.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--ranks", "0"], "ranks must be at least 1, not 0"),
+    (["--ranks", "2", "--target", "tests.fixtures.faulty_target:target"], "runs on one process only"),
+])
+def test_bench_bad_ranks_is_one_sentence_exit_2(args, words):
+    result = runner.invoke(app, ["bench", "--size", "tiny", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+
+
 def _write_xc(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return str(path)

@@ -13,6 +13,12 @@ on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
 on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
 one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
 stdout: everything the workload prints (Python or native) is sent to stderr.
+
+A request with ``ranks`` > 1 runs under torchrun (``validators.speedup`` starts it so), every rank on
+the same stdin and stdout: rank 0 reads the commands and passes them on, every rank runs the block,
+and rank 0 answers with each step's slowest rank (``targets.rank_worker.per_step_max``). Commands and
+times travel on a gloo group of their own, so a side waiting for its next block waits on a socket,
+not in a device kernel beside the other side's. Any rank that fails writes its own error line.
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ import json
 import math
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+import torch.distributed as dist
 
 from targets.protocol import ConfigError, Session
-from targets.worker import build_session as build_target_session, open_device, sync_device
+from targets.rank_worker import join_job, per_step_max
+from targets.ranks import RankContext, leave
+from targets.worker import build_session as build_target_session, open_device, sync_device, time_steps
 from targets.worker_protocol import WorkerRequest
 
 
@@ -43,52 +51,79 @@ def claim_stdout() -> IO[str]:
     return protocol
 
 
-def build_session(req: WorkerRequest) -> tuple[Session, torch.device, dict[str, Any]]:
-    """The request's session, built as every worker builds it (``targets.worker.build_session``)."""
-    device = open_device(req)
-    _, config, _, session = build_target_session(req, device)
+def build_session(req: WorkerRequest, job: RankContext | None = None) -> tuple[Session, torch.device, dict[str, Any]]:
+    """The request's session (this rank's, given a job), built as every worker builds it
+    (``targets.worker.build_session``)."""
+    device = open_device(req) if job is None else job.device
+    _, config, _, session = build_target_session(req, device, job)
     return session, device, config
 
 
 def run_block(session: Session, device: torch.device, steps: int) -> dict[str, Any]:
-    """Time ``steps`` steps one by one; synchronise once at the end, so steps overlap as in training."""
-    losses: list[torch.Tensor] = []
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        events[0].record()
-        for i in range(steps):
-            losses.append(session.step())
-            events[i + 1].record()
-        torch.cuda.synchronize(device)
-        step_s = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(steps)]
-    else:
-        step_s = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            losses.append(session.step())
-            step_s.append(time.perf_counter() - start)
-    finite = all(math.isfinite(float(loss)) for loss in losses)
-    return {"step_s": step_s, "loss_finite": finite}
+    """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end)."""
+    step_s, losses = time_steps(session, device, steps)
+    return {"step_s": step_s, "loss_finite": all(math.isfinite(float(loss)) for loss in losses)}
 
 
-def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
-    """Build, warm up, announce readiness, then answer commands until quit or end of input."""
-    session, device, config = build_session(req)
-    for _ in range(req.warmup):
-        session.step()
-    sync_device(device)
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
-                "cpus": cpus})
+class Ranks:
+    """This rank's part in a ranked worker: rank 0 reads the commands and answers for all."""
+
+    def __init__(self, job: RankContext):
+        self.lead = job.rank == 0
+        self.control = dist.new_group(backend="gloo", timeout=job.timeout)
+
+    def share(self, command: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Rank 0's command (None: stop), on every rank."""
+        box = [command]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def slowest(self, block: dict[str, Any]) -> dict[str, Any]:
+        """The job's block: each step's slowest rank, finite only if every rank's loss was."""
+        blocks: list[Any] = [None] * dist.get_world_size(self.control)
+        dist.all_gather_object(blocks, block, group=self.control)
+        return {"step_s": per_step_max([b["step_s"] for b in blocks]),
+                "loss_finite": all(b["loss_finite"] for b in blocks)}
+
+
+def next_command(commands: IO[str]) -> dict[str, Any] | None:
+    """The next run command from the input; None on quit or at its end."""
     for line in commands:
         if not line.strip():
             continue
         command = json.loads(line)
         if command.get("cmd") == "quit":
-            return
+            return None
         if command.get("cmd") != "run" or not isinstance(command.get("steps"), int) or command["steps"] < 1:
             raise ValueError(f"unknown command {line.strip()[:200]}")
-        reply(out, run_block(session, device, command["steps"]))
+        return command
+    return None
+
+
+def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
+    """Build, warm up, announce readiness, then answer commands until quit or end of input."""
+    job = join_job(req) if req.ranks > 1 else None
+    session, device, config = build_session(req, job)
+    ranks = Ranks(job) if job is not None else None
+    lead = ranks is None or ranks.lead
+    for _ in range(req.warmup):
+        session.step()
+    sync_device(device)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    if lead:
+        reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
+                    "cpus": cpus})
+    while True:
+        command = next_command(commands) if lead else None
+        if ranks is not None:
+            command = ranks.share(command)
+        if command is None:
+            return
+        block = run_block(session, device, command["steps"])
+        if ranks is not None:
+            block = ranks.slowest(block)
+        if lead:
+            reply(out, block)
 
 
 def reply(out: IO[str], message: dict[str, Any]) -> None:
@@ -114,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         serve(WorkerRequest.model_validate_json(Path(args.request).read_text()), out, sys.stdin)
     except Exception as exc:  # noqa: BLE001 - every workload error becomes one structured line
         traceback.print_exc(file=sys.stderr)
-        reply(out, {"error": failure_kind(exc), "message": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]})
-        return 1
+        where = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: " if "WORLD_SIZE" in os.environ else ""
+        reply(out, {"error": failure_kind(exc),
+                    "message": f"{where}{type(exc).__name__}: {exc}".splitlines()[0][:500]})
+        sys.stderr.flush()
+        os._exit(1)  # no clean-up: under torchrun, a process group with a failed peer may block in its destructor
+    leave()
     return 0
 
 

@@ -32,7 +32,7 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 * **Confirmation.** ``confirm_win`` accepts a win only if a second measurement in fresh processes
   says ``faster`` again.
 * **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
-  knobs, kernel sources, data, device, seed, threads); ``assert_sides`` raises if they do not match
+  knobs, kernel sources, data, device, seed, threads, ranks); ``assert_sides`` raises if they do not match
   the incumbent and candidate the caller meant.
 * **Two code trees, if asked.** A side may run in its own ``root`` (a checkout of another revision:
   the worker runs there and imports from it first), so the CI gate can time the same spec at two
@@ -50,7 +50,6 @@ import hashlib
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from typing import Any, Iterator, Literal, Sequence, get_args
 import numpy as np
 from pydantic import BaseModel, Field
 
-from targets.worker_client import exit_reason, scrubbed_env
+from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, exit_reason, kill_tree, scrubbed_env, torchrun
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 Verdict = Literal["faster", "slower", "no-difference", "failed"]
@@ -155,7 +154,7 @@ def spec_digest(spec: WorkerRequest) -> str:
                    if folder.is_dir() else "missing")
     identity = {"target": spec.target, "size": spec.size, "config": spec.config, "kernels": kernels,
                 "data": spec.data, "device": spec.device, "seed": spec.seed, "threads": spec.threads,
-                "warmup": spec.warmup}
+                "warmup": spec.warmup, **({"ranks": spec.ranks} if spec.ranks > 1 else {})}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -257,15 +256,17 @@ class _Worker:
     """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
 
     def __init__(self, spec: WorkerRequest, label: str, request: Path, cpus: Sequence[int] | None,
-                 root: str | None = None):
+                 root: str | None = None, timeout_s: float = 1800.0):
         self.label = label
         request.write_text(spec.model_dump_json())
         self.stderr = open(request.with_suffix(".stderr"), "w+b")
+        launcher = torchrun(spec.ranks) if spec.ranks > 1 else []  # every rank shares the pipes
         with _inherited_affinity(cpus):
-            self.proc = subprocess.Popen([sys.executable, "-m", "validators.ab_worker", "--request", str(request)],
+            self.proc = subprocess.Popen([sys.executable, *launcher, "-m", "validators.ab_worker",
+                                          "--request", str(request)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                         env=scrubbed_env(root=root), cwd=root, start_new_session=True,
-                                         text=True, bufsize=1)
+                                         env=scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}"}, root),
+                                         cwd=root, start_new_session=True, text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -305,17 +306,15 @@ class _Worker:
         return message
 
     def close(self, graceful: bool) -> None:
-        """Ask politely (when graceful), then kill the whole process group (it may hold data-loader children)."""
+        """Ask politely (when graceful), then kill the whole process tree (it may hold data-loader children, or
+        torchrun's ranks, each in a session of its own)."""
         if graceful and self.proc.poll() is None:
             try:
                 self.send({"cmd": "quit"})
                 self.proc.wait(timeout=QUIT_GRACE_S)
             except (SideFailed, subprocess.TimeoutExpired):
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_tree(self.proc.pid)
         self.proc.wait()
         self.proc.stdin.close()
         self.stderr.close()
@@ -349,7 +348,7 @@ class ABRunner:
             overlap = overlap_builds(*self.specs.values())
             for side, spec in self.specs.items():
                 self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
-                                             self.cpus, self.roots[side])
+                                             self.cpus, self.roots[side], self.timeout_s)
                 if not overlap:
                     self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
             for side, worker in self.workers.items():

@@ -32,14 +32,29 @@ def xc_data(path: str, preset: HasteRecSize, seed: int) -> tuple[XCDataset, Hast
     return dataset, shaped
 
 
+def training_data(size: str, seed: int, data: str | None = None):
+    """(data source, size) of a run: synthetic data of the size preset, or a file shaped by it."""
+    preset = get_size(size)
+    return (synthetic_data(preset, seed), preset) if data is None else xc_data(data, preset, seed)
+
+
 def build(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device | str,
           seed: int = 0, data: str | None = None) -> HasteRecSession:
-    preset = get_size(size)
-    if data is None:
-        source = synthetic_data(preset, seed)
-    else:
-        source, preset = xc_data(data, preset, seed)
+    source, preset = training_data(size, seed, data)
     return HasteRecSession(source, preset, config, kernels, torch.device(device), seed)
+
+
+def build_ranked(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device,
+                 seed: int, job, data: str | None = None):
+    """This rank's ShardedSession (tables sharded table-wise, dense tower under DDP) in a joined job
+    (a ``targets.ranks.RankContext``); imported here so that single-process runs never load it."""
+    from targets.haste_rec.distributed.plan import ShardingPlan
+    from targets.haste_rec.distributed.process_group import with_embedding_group
+    from targets.haste_rec.distributed.session import ShardedSession
+
+    source, preset = training_data(size, seed, data)
+    plan = ShardingPlan(job.world_size, preset.num_tables)
+    return ShardedSession(source, preset, config, kernels, plan, with_embedding_group(job), seed)
 
 
 TARGET = Target(
@@ -48,6 +63,7 @@ TARGET = Target(
     knob_space=KNOB_SPACE,
     sizes=tuple(SIZES),
     build=build,
+    build_ranked=build_ranked,
     kernel_slots=TAIL_SLOTS + EMBEDDING_SLOTS,
     phases=PHASES,
     default_size="small",

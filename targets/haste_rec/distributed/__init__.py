@@ -8,10 +8,14 @@ apply row-wise Adagrad to their rows once per step. The encoder and the HASTE ou
 replicated and trained under DDP, their gradients all-reduced.
 
   plan.py               who owns which tables and samples; unimplemented schemes are ConfigErrors
-  process_group.py      joining torchrun's process group, with a collective timeout
+  process_group.py      the job's process group (targets.ranks) plus the embedding exchanges' own
   exchange.py           the all-to-alls (input dist, pooled output dist) and an all-gather for evaluation
   sharded_embeddings.py the owned tables (an EmbeddingStore) behind the two exchanges
   dense.py              encoder + output layer, built as the single-process model, under DDP
   session.py            one rank's step, probe, grad norms and quality
   train.py              the torchrun entry point; rank 0 writes the JSON result
+
+The sg-opt workers run it through haste-rec's ``build_ranked`` (targets/haste_rec/target.py) when a
+request asks for ``ranks`` > 1: ``targets.rank_worker`` for bench, numerics and quality runs,
+``validators.ab_worker`` for side-by-side timing.
 """

@@ -56,6 +56,7 @@ class ShardedSession:
     _cast_context = HasteRecSession._cast_context
     probe = HasteRecSession.probe
     quality = HasteRecSession.quality
+    perturb = HasteRecSession.perturb  # dense parameters only, from the seed: the replicas stay identical
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
                  plan: ShardingPlan, ctx: RankContext, seed: int):

@@ -25,10 +25,9 @@ from targets.haste_rec.distributed.plan import EMBEDDING_SHARDINGS, TAIL_SHARDIN
 from targets.haste_rec.distributed.process_group import join, leave
 from targets.haste_rec.distributed.session import ShardedSession
 from targets.haste_rec.knobs import KNOB_SPACE
-from targets.haste_rec.model import synthetic_data
-from targets.haste_rec.sizes import get_size
-from targets.haste_rec.target import xc_data
+from targets.haste_rec.target import training_data
 from targets.protocol import ConfigError
+from targets.ranks import fail_on_purpose, fault_of
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,30 +63,12 @@ def resolve_config(sets: list[str]) -> dict[str, Any]:
     return KNOB_SPACE.resolve(overrides)
 
 
-def _fault(spec: str | None, rank: int) -> tuple[str, int] | None:
-    """(exit or hang, the step before which) this rank fails on purpose (--fault), or None."""
-    if spec is None:
-        return None
-    kind, _, rest = spec.partition(":")
-    who, _, step = rest.partition(":")
-    if kind not in ("exit", "hang") or not who.isdigit() or not step.isdigit():
-        raise ConfigError(f"--fault takes exit:RANK:STEP or hang:RANK:STEP, not {spec!r}")
-    return (kind, int(step)) if int(who) == rank else None
-
-
-def _fail(kind: str) -> None:
-    if kind == "exit":
-        os._exit(1)  # no clean-up, as a crash
-    while True:  # alive but silent: only the collective timeout of the other ranks ends the job
-        time.sleep(60)
-
-
 def _run(session: ShardedSession, steps: int, fault: tuple[str, int] | None) -> dict[str, list]:
     """Train `steps` steps: the global loss, this rank's share and its wall seconds per step."""
     record: dict[str, list] = {"losses": [], "local_losses": [], "step_s": [], "grad_norms": []}
     for step in range(steps):
         if fault is not None and step == fault[1]:
-            _fail(fault[0])
+            fail_on_purpose(fault[0])
         start = time.perf_counter()
         loss = float(session.step())  # float() waits for the step
         record["step_s"].append(time.perf_counter() - start)
@@ -100,13 +81,11 @@ def _run(session: ShardedSession, steps: int, fault: tuple[str, int] | None) -> 
 def train(args: argparse.Namespace) -> dict[str, Any] | None:
     """Every rank trains; rank 0 returns the job's result, the others None."""
     config = resolve_config(args.set)
-    preset = get_size(args.size)
-    data, size = (synthetic_data(preset, args.seed), preset) if args.data is None else xc_data(args.data, preset,
-                                                                                             args.seed)
+    data, size = training_data(args.size, args.seed, args.data)
     # checked before the process group exists, so that a config error never waits on a peer
     plan = ShardingPlan(int(os.environ.get("WORLD_SIZE", "1")), size.num_tables, args.embedding_sharding,
                         args.tail_sharding)
-    fault = _fault(args.fault, int(os.environ.get("RANK", "0")))
+    fault = fault_of(args.fault, int(os.environ.get("RANK", "0")))
     ctx = join(args.timeout_s, args.device)
     if args.numerics and ctx.device.type == "cpu":
         torch.set_num_threads(1)  # as the worker's numerics mode: bitwise repeatable CPU reductions
