@@ -19,7 +19,8 @@ from targets.worker_protocol import Failure, WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
 from validators.speedup import (ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse, assert_sides,
                                 block_order, bootstrap_ratio_ci, calibrate_noise_floor, confirm_win, decide,
-                                floor_from, measure_ab, overlap_builds, paired_ratio, shared_cpus, spec_digest)
+                                floor_from, measure_ab, paired_ratio, spec_digest)
+from validators.ab_runner import overlap_builds, shared_cpus
 
 BASE_STEP_S = 3e-3
 

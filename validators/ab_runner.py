@@ -1,0 +1,182 @@
+"""The two live workers of a side-by-side measurement: their processes, pinning, pipes and teardown.
+
+``validators.speedup`` decides what to measure and how to judge it; this module only runs the two
+``validators.ab_worker`` children: pinned to one CPU set (``shared_cpus``), each in its own process
+group (under torchrun for a ranked side), read line by line against one deadline, killed with
+everything below them on exit. On a GPU both sides build at once; on a CPU one after the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Literal, Sequence, get_args
+
+from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, exit_reason, kill_tree, scrubbed_env, torchrun
+from targets.worker_protocol import Failure, FailureKind, WorkerRequest
+
+QUIT_GRACE_S = 10.0
+Side = Literal["a", "b"]
+
+
+class SideFailed(RuntimeError):
+    """One side of a measurement failed; carries the structured Failure, its message led by the side's label."""
+
+    def __init__(self, label: str, kind: str, message: str, detail: str = ""):
+        super().__init__(f"{label}: {message}")
+        known = kind if kind in get_args(FailureKind) else "exception"
+        self.failure = Failure(kind=known, message=f"{label}: {message}", detail=detail)
+
+
+def shared_cpus(a: WorkerRequest, b: WorkerRequest) -> list[int] | None:
+    """The CPU set both sides run on: the last ``threads`` allowed CPUs (CPU 0 takes most interrupts),
+    all allowed CPUs when a spec leaves the thread count to torch, None where affinity is unsupported."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    wanted = max(a.threads, b.threads) if a.threads and b.threads else len(allowed)
+    return allowed[-min(wanted, len(allowed)):]
+
+
+@contextlib.contextmanager
+def _inherited_affinity(cpus: Sequence[int] | None) -> Iterator[None]:
+    """Pin the calling thread while it forks, so the child starts pinned (and so do all its threads)."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+class _Worker:
+    """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
+
+    def __init__(self, spec: WorkerRequest, label: str, request: Path, cpus: Sequence[int] | None,
+                 root: str | None = None, timeout_s: float = 1800.0):
+        self.label = label
+        request.write_text(spec.model_dump_json())
+        self.stderr = open(request.with_suffix(".stderr"), "w+b")
+        launcher = torchrun(spec.ranks) if spec.ranks > 1 else []  # every rank shares the pipes
+        with _inherited_affinity(cpus):
+            self.proc = subprocess.Popen([sys.executable, *launcher, "-m", "validators.ab_worker",
+                                          "--request", str(request)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                         env=scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}"}, root),
+                                         cwd=root, start_new_session=True, text=True, bufsize=1)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _stderr_tail(self) -> str:
+        self.stderr.flush()
+        self.stderr.seek(0)
+        return self.stderr.read()[-4000:].decode(errors="replace")
+
+    def send(self, command: dict[str, Any]) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise SideFailed(self.label, "crash", "the worker's input closed: it has exited",
+                             self._stderr_tail()) from None
+
+    def receive(self, deadline: float, what: str) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise SideFailed(self.label, "timeout", f"no {what} before the time limit; the worker was killed") from None
+        if line is None:
+            code = self.proc.wait()
+            raise SideFailed(self.label, "crash", f"the worker {exit_reason(code)} while we waited for {what}",
+                             self._stderr_tail())
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            raise SideFailed(self.label, "crash", f"the worker wrote a non-protocol line: {line[:200]!r}") from None
+        if "error" in message:
+            raise SideFailed(self.label, str(message["error"]), str(message.get("message", "")), self._stderr_tail())
+        return message
+
+    def close(self, graceful: bool) -> None:
+        """Ask politely (when graceful), then kill the whole process tree (it may hold data-loader children, or
+        torchrun's ranks, each in a session of its own)."""
+        if graceful and self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(timeout=QUIT_GRACE_S)
+            except (SideFailed, subprocess.TimeoutExpired):
+                pass
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.stderr.close()
+
+
+def overlap_builds(a: WorkerRequest, b: WorkerRequest) -> bool:
+    """Whether the two sides may build and warm up at the same time: on a GPU, where their sessions are
+    built mostly on the device and the host has cores to spare (at size large on an H200 a build takes
+    ~15 s, twice per A/B run). On a CPU they go one at a time: two builds and warm-ups sharing the same
+    cores oversubscribe them (2 x torch's threads), which took a 2-core box 5x longer."""
+    return a.device.startswith("cuda") and b.device.startswith("cuda")
+
+
+class ABRunner:
+    """Two live workers, started and warmed up (at once on a GPU, else one after the other), always torn
+    down on exit; ``roots`` are the code trees they run in (None: the caller's)."""
+
+    def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
+                 labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
+                 roots: tuple[str | None, str | None] = (None, None)):
+        self.specs, self.labels, self.timeout_s = {"a": a, "b": b}, dict(zip(("a", "b"), labels)), timeout_s
+        self.roots = dict(zip(("a", "b"), roots))
+        self.cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
+        self.workers: dict[str, _Worker] = {}
+        self.ready: dict[str, dict[str, Any]] = {}
+
+    def __enter__(self) -> "ABRunner":
+        self.deadline = time.monotonic() + self.timeout_s
+        self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+        try:
+            overlap = overlap_builds(*self.specs.values())
+            for side, spec in self.specs.items():
+                self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
+                                             self.cpus, self.roots[side], self.timeout_s)
+                if not overlap:
+                    self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
+            for side, worker in self.workers.items():
+                if side not in self.ready:
+                    self.ready[side] = worker.receive(self.deadline, "ready line")
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
+            raise
+        return self
+
+    def run(self, side: Side, steps: int) -> list[float]:
+        """One block of ``steps`` steps on one side; its per-step seconds."""
+        worker = self.workers[side]
+        worker.send({"cmd": "run", "steps": steps})
+        reply = worker.receive(self.deadline, f"a block of {steps} steps")
+        if not reply.get("loss_finite", False):
+            raise SideFailed(worker.label, "nan", "the loss became non-finite during a timed block")
+        return [float(t) for t in reply["step_s"]]
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        for worker in self.workers.values():
+            worker.close(graceful=exc_type is None)
+        self._folder.cleanup()
