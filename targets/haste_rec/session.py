@@ -105,10 +105,12 @@ class HasteRecSession:
                 tail = self.model.output.tail_logits(h)
             return torch.cat([head, tail], dim=1)
 
-    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, batch: Batch, batch_size: int | None = None) -> torch.Tensor:
+        """BCE summed over the valid columns, over `batch_size` (default: this batch's; a rank of a sharded
+        run divides its samples' sum by the global batch size, so the ranks' losses add up)."""
         targets = self._targets(batch, logits.shape[1])
         total = F.binary_cross_entropy_with_logits(logits.float(), targets, weight=self.valid.float(), reduction="sum")
-        return total / batch.batch_size
+        return total / (batch_size or batch.batch_size)
 
     def fused_loss(self, batch: Batch) -> torch.Tensor:
         """``loss(forward(batch), batch)`` under tail_backend triton-fused-loss: the head's BCE from its

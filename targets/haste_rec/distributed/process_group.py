@@ -7,30 +7,25 @@ collectives of one group must be issued in the same order on every rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from targets import ranks
-from targets.ranks import leave  # noqa: F401 - the trainer's entry point leaves through here
 
 
 @dataclass(frozen=True)
-class RankContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    backend: str
-    embedding_group: Any  # the process group of the embedding all-to-alls
+class RankContext(ranks.RankContext):
+    """The job's rank context plus the process group of the embedding all-to-alls."""
+
+    embedding_group: Any = None
 
 
 def with_embedding_group(job: ranks.RankContext) -> RankContext:
     """This rank's context for a ShardedSession, once the job's default group is joined (collective)."""
     group = dist.new_group(backend=job.backend, timeout=job.timeout)
-    return RankContext(job.rank, job.world_size, job.local_rank, job.device, job.backend, group)
+    return RankContext(**{f.name: getattr(job, f.name) for f in fields(job)}, embedding_group=group)
 
 
 def join(timeout_s: float, device: str = "auto") -> RankContext:

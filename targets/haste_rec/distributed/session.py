@@ -24,7 +24,6 @@ from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.distributed.dense import build_tower, data_parallel
@@ -54,6 +53,7 @@ class ShardedSession:
     _positives = HasteRecSession._positives
     _targets = HasteRecSession._targets
     _cast_context = HasteRecSession._cast_context
+    loss = HasteRecSession.loss
     probe = HasteRecSession.probe
     quality = HasteRecSession.quality
     perturb = HasteRecSession.perturb  # dense parameters only, from the seed: the replicas stay identical
@@ -96,11 +96,6 @@ class ShardedSession:
                                    max_unique_per_batch=max_unique, phase=self.timer)
 
     # -- the step ------------------------------------------------------------------------------
-    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """This rank's share of the global loss: the BCE sum of its samples over the GLOBAL batch size."""
-        targets = self._targets(batch, logits.shape[1])
-        total = F.binary_cross_entropy_with_logits(logits.float(), targets, weight=self.valid.float(), reduction="sum")
-        return total / self.batch_size
 
     def step(self) -> torch.Tensor:
         phase = self.timer
@@ -109,7 +104,7 @@ class ShardedSession:
         with self._cast_context():
             logits = self.ddp(self.embeddings(batch, self.samples), batch.dense)
         with phase("loss"):
-            loss = self.loss(logits, batch)
+            loss = self.loss(logits, batch, self.batch_size)  # this rank's share of the global loss
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from targets.haste_rec.distributed.plan import EMBEDDING_SHARDINGS, TAIL_SHARDINGS, ShardingPlan
-from targets.haste_rec.distributed.process_group import join, leave
+from targets.haste_rec.distributed.process_group import join
 from targets.haste_rec.distributed.session import ShardedSession
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.target import training_data
 from targets.protocol import ConfigError
-from targets.ranks import fail_on_purpose, fault_of
+from targets.ranks import fail_on_purpose, fault_of, leave
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
