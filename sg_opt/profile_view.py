@@ -7,14 +7,11 @@ from rich.table import Table
 
 from profilers.floor import floor_sentence
 from profilers.records import ProfileResult, StepFloor
+from sg_opt.report import over_floor_text
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.2f}"
-
-
-def _ratio(r: float | None) -> str:
-    return "-" if r is None else f"x{r:.1f}"
 
 
 def _render_floor(floor: StepFloor, console: Console) -> None:
@@ -22,7 +19,7 @@ def _render_floor(floor: StepFloor, console: Console) -> None:
     for col in ("phase", "measured ms", "floor ms", "over floor", "bound", "GFLOP", "device MB", "bus MB"):
         table.add_column(col, justify="left" if col in ("phase", "bound") else "right")
     for name, p in floor.phases.items():
-        table.add_row(name, _ms(p.measured_s), f"{1e3 * p.floor_s:.4f}", _ratio(p.ratio), p.bound,
+        table.add_row(name, _ms(p.measured_s), f"{1e3 * p.floor_s:.4f}", over_floor_text(p.measured_s, p.floor_s), p.bound,
                       f"{p.flops / 1e9:.3g}", f"{p.bytes / 1e6:.3g}", f"{p.bus_bytes / 1e6:.3g}")
     console.print(table)
     console.print(floor_sentence(floor))

@@ -142,16 +142,21 @@ def _phase_line(s: Summary) -> str | None:
             + ", ".join(f"{k} {first.phases_ms.get(k, 0):.2f} -> {last.phases_ms.get(k, 0):.2f}" for k in names))
 
 
-def _x(measured: float | None, floor: float | None) -> str:
+def over_floor_text(measured: float | None, floor: float | None) -> str:
     return f"x{measured / floor:.1f}" if measured is not None and floor else "-"
+
+
+def floor_columns(s: Summary) -> list:
+    """The first and the last profile that have a roofline floor (one if they are the same; none if none)."""
+    with_floor = [p for p in s.phases if p.floor_ms]
+    return with_floor[:1] if len(with_floor) <= 1 else [with_floor[0], with_floor[-1]]
 
 
 def floor_lines(s: Summary) -> list[str]:
     """The phases of the first and last profile against their roofline floors (Markdown), or nothing."""
-    with_floor = [p for p in s.phases if p.floor_ms]
-    if not with_floor:
+    cols = floor_columns(s)
+    if not cols:
         return []
-    cols = with_floor[:1] if len(with_floor) == 1 else [with_floor[0], with_floor[-1]]
     last = cols[-1]
     lines = ["## Against the hardware floor", "",
              "Each phase's floor is its least work (FLOPs, device bytes, host<->device bytes) at the measured "
@@ -160,7 +165,7 @@ def floor_lines(s: Summary) -> list[str]:
              "|---|---|" + "---|" * len(cols)]
     for name in last.floor_ms:
         cells = [f"{p.phases_ms.get(name, 0.0):.2f} ({p.floor_ms.get(name, 0.0):.4f}, "
-                 f"{_x(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
+                 f"{over_floor_text(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
         lines.append(f"| {name} | {last.floor_bound.get(name, '-')} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {p.label}: {p.floor_note}." for p in cols if p.floor_note]
     return lines

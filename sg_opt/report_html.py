@@ -13,8 +13,8 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, machine_rows, numerics_line, ratio_text, result_line,
-                           spend_line, status_line, step_text, verdict_text)
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, machine_rows, numerics_line, over_floor_text,
+                           ratio_text, result_line, spend_line, status_line, step_text, verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -129,18 +129,16 @@ def _phases(s: Summary) -> str:
 
 def _floor(s: Summary) -> str:
     """Each phase of the first and last profile against its roofline floor."""
-    with_floor = [p for p in s.phases if p.floor_ms]
-    if not with_floor:
+    cols = floor_columns(s)
+    if not cols:
         return ""
-    cols = with_floor[:1] if len(with_floor) == 1 else [with_floor[0], with_floor[-1]]
     last = cols[-1]
     rows = []
     for name in last.floor_ms:
         row = [name, last.floor_bound.get(name, "-")]
         for p in cols:
             measured, floor = p.phases_ms.get(name), p.floor_ms.get(name)
-            row += [f"{measured or 0.0:.2f}", f"{floor or 0.0:.4f}",
-                    f"x{measured / floor:.1f}" if measured is not None and floor else "-"]
+            row += [f"{measured or 0.0:.2f}", f"{floor or 0.0:.4f}", over_floor_text(measured, floor)]
         rows.append(row)
     headers = ["phase", "bound"] + [f"{p.label} {h}" for p in cols for h in ("ms", "floor ms", "over floor")]
     notes = "".join(f"<p>{escape(p.label)}: {escape(p.floor_note)}.</p>" for p in cols if p.floor_note)
