@@ -22,7 +22,8 @@ Category = Literal["precision", "kernel", "embedding", "data", "compile", "memor
 KnobKind = Literal["choice", "bool", "int", "float"]
 
 NUMERICS_CLASSES: tuple[str, ...] = ("exact", "reorder", "precision", "model")
-CATEGORIES: tuple[str, ...] = ("precision", "kernel", "embedding", "data", "compile", "memory", "model")
+CATEGORIES: tuple[str, ...] = ("precision", "kernel", "embedding", "data", "compile", "memory", "distributed",
+                                "model")
 
 
 class ConfigError(ValueError):
@@ -162,9 +163,10 @@ class KnobSpace:
                 raise ConfigError(constraint.message)
         return config
 
-    def tunable(self) -> list[Knob]:
-        """The knobs a proposer may change: all but the user's own settings (limits such as budgets)."""
-        return [knob for knob in self if not knob.user_setting]
+    def tunable(self, ranks: int = 1) -> list[Knob]:
+        """The knobs a proposer may change: all but the user's own settings (limits such as budgets), and
+        the distributed knobs (a sharding plan) only for a run on several ranks: one process ignores them."""
+        return [knob for knob in self if not knob.user_setting and (ranks > 1 or knob.category != "distributed")]
 
     def diff(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of a config that differ from the defaults."""

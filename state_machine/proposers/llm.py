@@ -56,7 +56,7 @@ MAX_HISTORY = 30
 def _knob_lines(space: KnobSpace, state: RunState) -> list[str]:
     current = space.resolve(state.incumbent.config)
     lines = []
-    for knob in space.tunable():
+    for knob in space.tunable(state.ranks):
         if knob.numerics == "model" and not state.allow_model_changes:
             continue
         lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain()}; numerics {knob.numerics}; "

@@ -157,7 +157,7 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
     current = space.resolve(state.incumbent.config)
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
-        for knob in space.tunable():
+        for knob in space.tunable(state.ranks):
             if knob.category not in categories or not knob.is_active(current):
                 continue
             for value in _values(knob):

@@ -39,10 +39,10 @@ def require_optuna():
     return optuna
 
 
-def searched_knobs(space: KnobSpace, allow_model_changes: bool) -> list[Knob]:
+def searched_knobs(space: KnobSpace, allow_model_changes: bool, ranks: int = 1) -> list[Knob]:
     """The knobs TPE samples: every tunable knob (not the user's own limits) with a bounded domain, model
     knobs only when allowed."""
-    return [k for k in space.tunable() if (allow_model_changes or k.numerics != "model")
+    return [k for k in space.tunable(ranks) if (allow_model_changes or k.numerics != "model")
             and (k.kind == "bool" or k.choices or (k.low is not None and k.high is not None))]
 
 
@@ -102,7 +102,7 @@ def rebuild_study(state: RunState, space: KnobSpace, seen: list | None = None):
     """An in-memory study holding every observation as a completed trial, and its distributions."""
     optuna = require_optuna()
     seen = observations(state, space) if seen is None else seen
-    dists = distributions(searched_knobs(space, state.allow_model_changes))
+    dists = distributions(searched_knobs(space, state.allow_model_changes, state.ranks))
     sampler = optuna.samplers.TPESampler(seed=state.seed + len(state.history))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     for config, value, _ in seen:

@@ -78,6 +78,17 @@ KNOBS = (
     Knob("optimizer_impl", "choice", "default", category="kernel", numerics="reorder",
          choices=("default", "for-loop", "foreach", "fused"),
          why="default lets torch pick; foreach batches parameter updates; fused runs Adam/SGD as one kernel per group"),
+    # The sharding plan of a run on several ranks (torch.distributed); one process ignores both. Any
+    # plan trains the single-process model; only the association of sums changes: "reorder".
+    Knob("embedding_sharding", "choice", "table-wise", category="distributed", numerics="reorder",
+         choices=("table-wise", "row-wise"),
+         why="table-wise puts whole tables on ranks (few, large all-to-all messages, load as uneven as the tables); "
+             "row-wise splits every table's rows over all ranks (even load and memory, every rank in every lookup)"),
+    Knob("tail_sharding", "choice", "replicated", category="distributed", numerics="reorder",
+         choices=("replicated", "label-groups"),
+         why="replicated trains the HASTE output layer data parallel (its gradient all-reduced every step); "
+             "label-groups gives each rank whole label groups over the global batch (hidden states all-gathered, "
+             "input gradients reduce-scattered, no output-layer all-reduce, 1/world of its memory)"),
     Knob("grouping", "choice", "semantic", category="model", numerics="model",
          choices=("random", "frequency", "semantic"),
          why="how tail labels share fan-in: semantic (k-means of label features) is HASTE's best; others are ablations"),

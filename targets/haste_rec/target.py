@@ -46,14 +46,14 @@ def build(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable],
 
 def build_ranked(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device,
                  seed: int, job, data: str | None = None):
-    """This rank's ShardedSession (tables sharded table-wise, dense tower under DDP) in a joined job
-    (a ``targets.ranks.RankContext``); imported here so that single-process runs never load it."""
+    """This rank's ShardedSession (the sharding plan from the config's embedding_sharding and tail_sharding)
+    in a joined job (a ``targets.ranks.RankContext``); imported here so that single-process runs never load it."""
     from targets.haste_rec.distributed.plan import ShardingPlan
     from targets.haste_rec.distributed.process_group import with_embedding_group
     from targets.haste_rec.distributed.session import ShardedSession
 
     source, preset = training_data(size, seed, data)
-    plan = ShardingPlan(job.world_size, preset.num_tables)
+    plan = ShardingPlan(job.world_size, preset.num_tables, config["embedding_sharding"], config["tail_sharding"])
     return ShardedSession(source, preset, config, kernels, plan, with_embedding_group(job), seed)
 
 

@@ -87,6 +87,6 @@ def test_a_failed_rank_fails_the_job_instead_of_hanging_it(tmp_path, fault, time
 
 
 def test_an_unbuilt_sharding_scheme_is_one_sentence_and_exit_status_2():
-    done, _ = torchrun("--steps", "1", "--embedding-sharding", "row-wise", timeout=60)
+    done, _ = torchrun("--steps", "1", "--set", "embedding_sharding=row-wise", timeout=60)
     assert done.returncode != 0 and "exitcode  : 2" in done.stderr
     assert "error: embedding_sharding row-wise is not implemented yet" in done.stderr

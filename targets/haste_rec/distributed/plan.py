@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from targets.haste_rec.batch import Batch
+from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.loader import BatchSource
 from targets.protocol import ConfigError
 
-EMBEDDING_SHARDINGS = ("table-wise", "row-wise")
-TAIL_SHARDINGS = ("replicated", "label-groups")
+EMBEDDING_SHARDINGS = KNOB_SPACE["embedding_sharding"].choices
+TAIL_SHARDINGS = KNOB_SPACE["tail_sharding"].choices
 
 
 @dataclass(frozen=True)

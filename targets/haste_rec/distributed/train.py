@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from targets.haste_rec.distributed.plan import EMBEDDING_SHARDINGS, TAIL_SHARDINGS, ShardingPlan
+from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.distributed.process_group import join
 from targets.haste_rec.distributed.session import ShardedSession
 from targets.haste_rec.knobs import KNOB_SPACE
@@ -36,9 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None, help="an extreme-classification file instead of synthetic data")
-    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a knob of haste-rec (repeatable)")
-    p.add_argument("--embedding-sharding", default="table-wise", choices=EMBEDDING_SHARDINGS)
-    p.add_argument("--tail-sharding", default="replicated", choices=TAIL_SHARDINGS)
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="a knob of haste-rec (repeatable); the sharding plan is the knobs embedding_sharding and "
+                        "tail_sharding")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--timeout-s", type=float, default=120.0,
                    help="collective timeout: a rank that stops answering fails the job after this long")
@@ -83,8 +83,8 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     config = resolve_config(args.set)
     data, size = training_data(args.size, args.seed, args.data)
     # checked before the process group exists, so that a config error never waits on a peer
-    plan = ShardingPlan(int(os.environ.get("WORLD_SIZE", "1")), size.num_tables, args.embedding_sharding,
-                        args.tail_sharding)
+    plan = ShardingPlan(int(os.environ.get("WORLD_SIZE", "1")), size.num_tables, config["embedding_sharding"],
+                        config["tail_sharding"])
     fault = fault_of(args.fault, int(os.environ.get("RANK", "0")))
     ctx = join(args.timeout_s, args.device)
     if args.numerics and ctx.device.type == "cpu":
