@@ -42,11 +42,27 @@ def check_search(search: str, tier: str) -> None:
         require_optuna()
 
 
+def check_gpus(gpus: int, ranks: int, device: str) -> None:
+    """ConfigError unless --gpus N can give each of N / ranks concurrent candidates its own GPUs here."""
+    if gpus == 1:
+        return
+    if not device.startswith("cuda"):
+        raise ConfigError(f"--gpus {gpus} evaluates candidates on separate GPUs: it needs --device cuda")
+    if gpus % ranks:
+        raise ConfigError(f"--gpus {gpus} must be a multiple of --ranks {ranks}: every candidate runs on "
+                          f"{ranks} GPU(s) of its own")
+    import torch
+
+    if torch.cuda.device_count() < gpus:
+        raise ConfigError(f"--gpus {gpus} asks for more GPUs than the {torch.cuda.device_count()} visible here")
+
+
 def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunState]:
     """The context and initial state of a run; raises ConfigError for anything the user must fix."""
     target = resolve_target(request.target)
     target.check_size(request.size)
     target.check_ranks(request.ranks)
+    check_gpus(request.gpus, request.ranks, request.device)
     target.knob_space.resolve(request.config)
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
@@ -68,6 +84,7 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
         raise ConfigError(f"bad evaluation plan: {exc}") from None
     state = RunState(run_id=request.run_id, run_dir=str(run_dir), target=request.target, size=request.size,
                      device=request.device, data=request.data, threads=request.threads, ranks=request.ranks,
+                     gpus=request.gpus,
                      seed=request.seed, tier=tier.name, allow_model_changes=request.allow_model_changes,
                      limits=Limits(max_iters=request.max_iters or tier.max_iterations,
                                    max_minutes=request.max_minutes, budget_usd=budget),

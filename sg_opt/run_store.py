@@ -33,6 +33,7 @@ class RunRequest(BaseModel):
     device: str = "cpu"
     threads: int | None = None
     ranks: int = Field(1, ge=1, description="processes of the torch.distributed job every worker runs as")
+    gpus: int = Field(1, ge=1, description="GPUs the run may use: gpus / ranks candidates are evaluated at once")
     seed: int = 0
     tier: str = "offline"
     search: str = Field("rules", description="the offline tier's proposer: rules or tpe")

@@ -4,6 +4,8 @@
                             ^           ^                                       |
                             |           +------------- rejected ----------------+
                             +------------------------- accepted ----------------+
+                                        propose -> evaluate_batch -> (as decide)    with --gpus: one candidate
+                                                                                    per lane at once
                                                            stop (budget, converged) -> report
 
 Any node can stop the run by setting ``stop_reason``; the edges then lead to ``report``. Every
@@ -22,7 +24,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
-from state_machine import nodes
+from state_machine import batch, nodes
 from state_machine.context import RunContext
 from state_machine.state import RunState
 
@@ -30,7 +32,7 @@ CHECKPOINT_FILE = "checkpoints.sqlite"
 # The state's own record types, which the checkpoint serializer may rebuild on resume.
 STATE_TYPES = [("state_machine.state", name) for name in (
     "RunState", "Limits", "EvalPlan", "Candidate", "Verdict", "Evaluated", "Incumbent", "Baseline",
-    "FinalMeasurement")] + [("profilers.records", "Finding")]
+    "FinalMeasurement", "Lane")] + [("profilers.records", "Finding")]
 
 
 def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunContext) -> Callable:
@@ -54,6 +56,8 @@ def _stopped_or(next_node: str) -> Callable[[RunState], str]:
 def _after_propose(state: RunState) -> str:
     if state.stop_reason:
         return "report"
+    if state.batch:
+        return "evaluate_batch"
     return "check" if state.current is not None else "propose"
 
 
@@ -72,17 +76,18 @@ def _after_decide(state: RunState) -> str:
 def build(ctx: RunContext) -> StateGraph:
     graph = StateGraph(RunState)
     for node in (nodes.setup, nodes.baseline, nodes.diagnose, nodes.propose, nodes.check, nodes.validate,
-                 nodes.measure, nodes.decide, nodes.report):
+                 nodes.measure, nodes.decide, batch.evaluate_batch, nodes.report):
         graph.add_node(node.__name__, _timed(node, ctx))
     graph.add_edge(START, "setup")
     graph.add_conditional_edges("setup", _stopped_or("baseline"), ["baseline", "report"])
     graph.add_conditional_edges("baseline", _stopped_or("diagnose"), ["diagnose", "report"])
     graph.add_edge("diagnose", "propose")
-    graph.add_conditional_edges("propose", _after_propose, ["check", "propose", "report"])
+    graph.add_conditional_edges("propose", _after_propose, ["check", "evaluate_batch", "propose", "report"])
     graph.add_conditional_edges("check", _rejected_or("validate"), ["validate", "decide"])
     graph.add_conditional_edges("validate", _rejected_or("measure"), ["measure", "decide"])
     graph.add_edge("measure", "decide")
     graph.add_conditional_edges("decide", _after_decide, ["diagnose", "propose"])
+    graph.add_conditional_edges("evaluate_batch", _after_decide, ["diagnose", "propose"])
     graph.add_edge("report", END)
     return graph
 

@@ -17,6 +17,7 @@ from typing import Any
 from profilers.client import run_profile
 from profilers.records import ProfileRequest
 from state_machine.context import RunContext
+from state_machine.lanes import batch_size, concurrent, noise_floor
 from state_machine.llm_interfaces import BudgetExceeded, LLMError
 from state_machine.proposers import Proposal
 from state_machine.proposers.llm import propose_llm
@@ -32,7 +33,7 @@ from targets.worker_protocol import WorkerResult
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
-from validators.speedup import CalibrationFailed, calibrate_noise_floor, confirm_win, measure_ab
+from validators.speedup import CalibrationFailed, confirm_win, measure_ab
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
@@ -90,8 +91,7 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
             plan.block_seconds / max(step_s, 1e-6))))})
     try:
-        noise = calibrate_noise_floor(baseline_request(state, "bench"), plan.blocks, plan.block_steps,
-                                      plan.timeout_s, repeats=plan.aa_repeats, seed=state.seed)
+        noise = noise_floor(state, baseline_request(state, "bench"), plan.blocks, plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
     calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
@@ -150,8 +150,8 @@ def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
 
 def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, Any]]:
     """Proposals from the tier's proposer, or the updates that stop the run when none can come."""
-    if ctx.policy.tier == "offline":
-        return (propose_tpe if ctx.policy.search == "tpe" else propose_offline)(state, ctx), {}
+    if ctx.policy.tier == "offline":  # as many as can be evaluated at once (one per lane of --gpus)
+        return (propose_tpe if ctx.policy.search == "tpe" else propose_offline)(state, ctx, batch_size(state)), {}
     try:
         return propose_llm(state, ctx), {"proposer_failures": []}
     except BudgetExceeded as exc:
@@ -168,7 +168,8 @@ def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, An
 
 
 def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """Take the next queued candidate, asking the proposer for more when the queue is empty."""
+    """Take the next queued candidate (the next batch, one per lane, under --gpus), asking the proposer for
+    more when the queue is empty."""
     if (reason := limit_reason(state)) is not None:
         return {"stop_reason": reason, "current": None}
     queue, updates = list(state.queue), {"proposal_rounds": state.proposal_rounds}
@@ -182,10 +183,14 @@ def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
             updates["stop_reason"] = "converged: the proposer has no promising candidate left to try"
         if not queue:  # stopped, or a failed LLM proposal that the next round retries
             return {**updates, "queue": [], "current": None}
-    current, rest = queue[0], queue[1:]
-    ctx.event(state.run_dir, "propose", id=current.id, kind=current.kind, patch=current.patch,
-              kernels=list(current.kernels), rationale=current.rationale, proposer=current.proposer)
-    return {**updates, "queue": rest, "current": current, "current_verdict": None, "current_numerics_class": None}
+    take = batch_size(state) if concurrent(state) else 1
+    for cand in queue[:take]:
+        ctx.event(state.run_dir, "propose", id=cand.id, kind=cand.kind, patch=cand.patch, kernels=list(cand.kernels),
+                  rationale=cand.rationale, proposer=cand.proposer)
+    if concurrent(state):
+        return {**updates, "queue": queue[take:], "batch": queue[:take], "current": None, "current_verdict": None}
+    return {**updates, "queue": queue[1:], "current": queue[0], "current_verdict": None,
+            "current_numerics_class": None}
 
 
 # ----------------------------------------------------------------------------- check, validate, measure

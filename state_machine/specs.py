@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -40,6 +41,14 @@ def kernel_dir(run_dir: str, kernels: Mapping[str, str]) -> str | None:
     """A directory holding exactly these kernel sources as ``<slot>.py`` (None when there are none)."""
     if not kernels:
         return None
+    with _KERNEL_DIRS:  # lanes of --gpus ask for the same set (the incumbent's) at once
+        return _kernel_dir(run_dir, kernels)
+
+
+_KERNEL_DIRS = threading.Lock()
+
+
+def _kernel_dir(run_dir: str, kernels: Mapping[str, str]) -> str:
     digest = hashlib.sha256(json.dumps(_source_hashes(kernels), sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(run_dir) / "kernel_sets" / digest
     if not folder.is_dir():
@@ -58,7 +67,8 @@ def request(state: RunState, mode: Mode, config: Mapping[str, Any], kernels: Map
     return WorkerRequest(target=state.target, size=state.size, mode=mode, config=dict(config),
                          kernels_dir=kernel_dir(state.run_dir, kernels), data=state.data, device=state.device,
                          seed=state.seed, steps=steps, warmup=state.plan.warmup, phase_steps=0,
-                         threads=state.threads, ranks=state.ranks)
+                         threads=state.threads, ranks=state.ranks,
+                         gpus=state.lane.gpus if state.lane else None, cpus=state.lane.cpus if state.lane else None)
 
 
 def baseline_request(state: RunState, mode: Mode, steps: int | None = None) -> WorkerRequest:

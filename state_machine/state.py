@@ -100,6 +100,15 @@ class Incumbent(BaseModel):
                                                 "report re-measures baseline against best directly)")
 
 
+class Lane(BaseModel):
+    """Where one candidate is evaluated when several are at once (``--gpus``): its GPUs (one per rank) and
+    a disjoint share of the host's CPUs, so that concurrent side-by-side timings do not share cores."""
+
+    index: int
+    gpus: list[int]
+    cpus: list[int] | None = None
+
+
 class Baseline(BaseModel):
     numerics_file: str
     quality: dict[str, float] | None = None
@@ -134,6 +143,9 @@ class RunState(BaseModel):
     data: str | None = None
     threads: int | None = None
     ranks: int = 1  # every worker of the run is a torch.distributed job of this many processes
+    gpus: int = Field(1, description="GPUs the run may use: gpus / ranks candidates are evaluated at once")
+    lane: Lane | None = Field(None, description="set on the per-candidate copies of the state that a batch "
+                                                "evaluates concurrently (state_machine.batch); None: one at a time")
     seed: int = 0
     tier: str = "offline"
     allow_model_changes: bool = False
@@ -148,6 +160,7 @@ class RunState(BaseModel):
 
     queue: list[Candidate] = Field(default_factory=list, description="proposed, not yet tried")
     current: Candidate | None = Field(None, description="the candidate in flight")
+    batch: list[Candidate] = Field(default_factory=list, description="the candidates in flight at once (--gpus)")
     current_verdict: Verdict | None = Field(None, description="set by the node that decided it, read by decide")
     current_numerics_class: str | None = None
     current_digest: str | None = None

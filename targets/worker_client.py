@@ -47,6 +47,17 @@ def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -
     return env
 
 
+def device_env(request: BaseModel) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a worker that may use only some GPUs (a request's ``gpus``: indices into the
+    caller's own visible devices, so that a caller restricted to GPUs 2,3 hands out 2 and 3)."""
+    gpus = getattr(request, "gpus", None)
+    if gpus is None:
+        return {}
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = parent.split(",") if parent else []
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[i] if i < len(visible) else str(i) for i in gpus)}
+
+
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -139,7 +150,8 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
                "--result", str(result_file)]
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=scrubbed_env(env, cwd), cwd=cwd, start_new_session=True)
+                                    env=scrubbed_env({**device_env(request), **(env or {})}, cwd), cwd=cwd,
+                                    start_new_session=True)
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

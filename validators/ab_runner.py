@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence, get_args
 
-from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, exit_reason, kill_tree, scrubbed_env, torchrun
+from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, device_env, exit_reason, kill_tree, scrubbed_env, torchrun
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 QUIT_GRACE_S = 10.0
@@ -38,10 +38,11 @@ class SideFailed(RuntimeError):
 
 def shared_cpus(a: WorkerRequest, b: WorkerRequest) -> list[int] | None:
     """The CPU set both sides run on: the last ``threads`` allowed CPUs (CPU 0 takes most interrupts),
-    all allowed CPUs when a spec leaves the thread count to torch, None where affinity is unsupported."""
+    all allowed CPUs when a spec leaves the thread count to torch, None where affinity is unsupported.
+    A request's own ``cpus`` (an agent's evaluation lane) are the allowed ones."""
     if not hasattr(os, "sched_getaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = sorted(a.cpus) if a.cpus else sorted(os.sched_getaffinity(0))  # a lane's CPUs (--gpus), or all
     wanted = max(a.threads, b.threads) if a.threads and b.threads else len(allowed)
     return allowed[-min(wanted, len(allowed)):]
 
@@ -73,7 +74,8 @@ class _Worker:
             self.proc = subprocess.Popen([sys.executable, *launcher, "-m", "validators.ab_worker",
                                           "--request", str(request)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                         env=scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}"}, root),
+                                         env=scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}",
+                                                           **device_env(spec)}, root),
                                          cwd=root, start_new_session=True, text=True, bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

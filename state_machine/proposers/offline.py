@@ -91,6 +91,7 @@ CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
     "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
     "launch/host-bound": ("compile", "kernel"), "cache-misses": ("embedding",),
     "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
+    "communication": ("distributed",),
 }
 
 

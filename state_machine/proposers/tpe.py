@@ -111,15 +111,18 @@ def rebuild_study(state: RunState, space: KnobSpace, seen: list | None = None):
     return study, dists
 
 
-def propose_tpe(state: RunState, ctx: RunContext) -> list[Proposal]:
-    """One new configuration sampled by TPE, as a patch against the incumbent; [] when none is found
-    in MAX_ASKS samples (each invalid or already evaluated sample is told its known value)."""
+def propose_tpe(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:
+    """Up to ``limit`` new configurations sampled by TPE (more than one to fill the lanes of --gpus), as
+    patches against the incumbent; [] when none is found in MAX_ASKS samples (each invalid or already
+    evaluated sample is told its known value)."""
     space = ctx.target.knob_space
     seen = observations(state, space)
     study, dists = rebuild_study(state, space, seen)
     baseline, incumbent = space.resolve(state.baseline_config), space.resolve(state.incumbent.config)
     known = {digest: value for _, value, digest in seen if digest}
     known.setdefault(config_digest(incumbent, state.incumbent.kernels), state.incumbent.est_speedup)
+    chosen: list[Proposal] = []
+    taken: set[str] = set()
     for _ in range(MAX_ASKS):
         trial = study.ask(dists)
         try:
@@ -131,9 +134,15 @@ def propose_tpe(state: RunState, ctx: RunContext) -> list[Proposal]:
         if digest in known:
             study.tell(trial, known[digest])
             continue
+        if digest in taken:
+            study.tell(trial, state=require_optuna().trial.TrialState.FAIL)  # no value: TPE learns nothing from it
+            continue
         patch = {name: value for name, value in resolved.items() if value != incumbent[name]}
         changes = ", ".join(f"{k}={v!r}" for k, v in patch.items())
-        return [Proposal(kind="knob", patch=patch, proposer="tpe",
-                         rationale=f"a TPE sample (Optuna, trial {trial.number} of a study rebuilt from the "
-                                   f"baseline and {len(seen) - 1} evaluated candidates): {changes}")]
-    return []
+        chosen.append(Proposal(kind="knob", patch=patch, proposer="tpe",
+                               rationale=f"a TPE sample (Optuna, trial {trial.number} of a study rebuilt from the "
+                                         f"baseline and {len(seen) - 1} evaluated candidates): {changes}"))
+        if len(chosen) == limit:
+            break
+        taken.add(digest)  # the batch's next sample must differ (the chosen trials stay running in the study)
+    return chosen

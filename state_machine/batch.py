@@ -1,0 +1,88 @@
+"""Several candidates evaluated at once, one per lane of GPUs (``sg-opt optimize --gpus N``).
+
+A lane is ``ranks`` GPUs and a disjoint share of the host's CPUs. With L = gpus / ranks lanes, the
+proposer is asked for up to L candidates and ``evaluate_batch`` runs them concurrently: the static
+checks one after the other (they are cheap and catch duplicates inside the batch), then each
+candidate's validation and side-by-side timing in a thread on its own lane, through the very node
+functions a single candidate goes through (``nodes.validate``, ``nodes.measure``). Both sides of an
+A/B pair run on the candidate's lane, so each ratio is measured on one GPU.
+
+All candidates of a batch are measured against the same incumbent. At most one can become the next
+incumbent: the fastest accepted one. Any other that also won is recorded as beaten in its batch and
+proposed again, as a new candidate, against the new incumbent (its gain may not add to the winner's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from state_machine import nodes
+from state_machine.context import RunContext
+from state_machine.lanes import lanes_of, on_lanes
+from state_machine.state import Candidate, RunState, Verdict
+
+
+def _as_current(state: RunState, cand: Candidate, **fields: Any) -> RunState:
+    return state.model_copy(update={"current": cand, "current_verdict": None, "current_digest": None,
+                                    "current_numerics_class": None, "current_numerics_detail": None,
+                                    "current_artifacts": {}, **fields})
+
+
+def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
+    """Each candidate of the batch after the static checks, as the state a single candidate would have;
+    a candidate equal to an earlier one of the same batch is rejected as its duplicate."""
+    out, digests = [], {}
+    for cand in state.batch:
+        one = _as_current(state, cand)
+        one = one.model_copy(update=nodes.check(one, ctx))
+        if one.current_verdict is None and one.current_digest in digests:
+            one = one.model_copy(update=nodes._reject("check", f"a duplicate of candidate #{digests[one.current_digest]}"))
+        if one.current_verdict is None:
+            digests[one.current_digest] = cand.id
+        out.append(one)
+    return out
+
+
+def _validated_and_measured(one: RunState, ctx: RunContext) -> RunState:
+    """validate then measure on the state's lane, stopping at the first verdict (as the graph's edges do)."""
+    for node in (nodes.validate, nodes.measure):
+        if one.current_verdict is not None:
+            break
+        one = one.model_copy(update=node(one, ctx))
+    return one
+
+
+def _beaten(verdict: Verdict, winner: Candidate, winner_ratio: float) -> Verdict:
+    return verdict.model_copy(update={"accepted": False, "reason": (
+        f"{verdict.reason}; but candidate #{winner.id} of the same batch was faster (ratio {winner_ratio:.3f} "
+        f"against {verdict.ratio:.3f}), so this one is proposed again against the new incumbent")})
+
+
+def evaluate_batch(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Check, validate and time every candidate of the batch, concurrently on the lanes; then record each,
+    the fastest winner last, so that it alone becomes the incumbent."""
+    checked = _checked(state, ctx)
+    pending = [one for one in checked if one.current_verdict is None]
+    lanes = lanes_of(state)[:len(pending)]
+    ctx.event(state.run_dir, "batch", ids=[c.id for c in state.batch],
+              lanes={one.current.id: lane.gpus for one, lane in zip(pending, lanes)})
+    done = on_lanes(lambda lane: _validated_and_measured(
+        pending[lane.index].model_copy(update={"lane": lane}), ctx), lanes) if pending else []
+    finished = {one.current.id: one for one in done}
+    results = [finished.get(one.current.id, one) for one in checked]
+    winners = sorted((one for one in results if one.current_verdict.accepted), key=lambda one: one.current_verdict.ratio)
+    best = winners[0] if winners else None
+    again, next_id = [], state.next_id
+    record = state.model_copy(update={"batch": []})
+    for one in sorted(results, key=lambda one: one is best):
+        verdict = one.current_verdict
+        if verdict.accepted and one is not best:
+            verdict = _beaten(verdict, best.current, best.current_verdict.ratio)
+            again.append(one.current.model_copy(update={"id": next_id, "rationale": f"again after candidate "
+                                                        f"#{best.current.id} was accepted: {one.current.rationale}"}))
+            next_id += 1
+        decided = _as_current(record, one.current, current_verdict=verdict, current_digest=one.current_digest)
+        record = record.model_copy(update=nodes.decide(decided, ctx))
+    return {"history": record.history, "incumbent": record.incumbent, "queue": again + list(state.queue),
+            "next_id": next_id, "batch": [], "current": None, "current_verdict": None, "current_digest": None,
+            "current_artifacts": {}, "current_numerics_detail": None, "current_numerics_class": None}

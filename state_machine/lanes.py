@@ -1,0 +1,63 @@
+"""Evaluation lanes of ``sg-opt optimize --gpus N``: which GPUs and CPUs each concurrent candidate gets.
+
+A lane is ``ranks`` GPUs and a disjoint share of the host's CPUs; a run with N GPUs has N / ranks of
+them (one lane, the whole machine, without --gpus). ``state_machine.batch`` evaluates one candidate
+per lane at once. The A/A noise floor of such a run is calibrated the same way, on every lane at once,
+the widest floor kept, so that it includes what the concurrent lanes do to each other's timings.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from state_machine.state import Lane, RunState
+from targets.worker_protocol import WorkerRequest
+from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
+
+
+def plan_lanes(gpus: int, ranks: int, cpus: list[int] | None = None) -> list[Lane]:
+    """``gpus // ranks`` lanes of ``ranks`` consecutive GPUs each, the allowed CPUs split evenly between them
+    (None where CPU affinity is unsupported); one lane of all GPUs when only one fits."""
+    count = max(1, gpus // ranks)
+    if cpus is None and hasattr(os, "sched_getaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // count if cpus else 0
+    return [Lane(index=i, gpus=list(range(i * ranks, (i + 1) * ranks)),
+                 cpus=cpus[i * share:(i + 1) * share] if share else None) for i in range(count)]
+
+
+def lanes_of(state: RunState) -> list[Lane]:
+    return plan_lanes(state.gpus, state.ranks)
+
+
+def concurrent(state: RunState) -> bool:
+    """Whether this run evaluates candidates several at a time."""
+    return len(lanes_of(state)) > 1
+
+
+def batch_size(state: RunState) -> int:
+    """Candidates to start together: one per lane, never more than the candidate budget has left."""
+    return max(1, min(len(lanes_of(state)), state.limits.max_iters - state.evaluated))
+
+
+def on_lanes(work: Callable[[Lane], Any], lanes: list[Lane]) -> list[Any]:
+    """work(lane) for every lane at once, results in lane order (an exception in any is raised here)."""
+    with ThreadPoolExecutor(max_workers=len(lanes), thread_name_prefix="sg-opt-lane") as pool:
+        return list(pool.map(work, lanes))
+
+
+def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: int, timeout_s: float) -> NoiseFloor:
+    """The A/A noise floor: on one lane as usual, or on every lane at once (widest floor) when candidates
+    will be timed concurrently."""
+    def on(lane: Lane | None) -> NoiseFloor:
+        lane_spec = spec if lane is None else spec.model_copy(update={"gpus": lane.gpus, "cpus": lane.cpus})
+        return calibrate_noise_floor(lane_spec, blocks, block_steps, timeout_s, repeats=state.plan.aa_repeats,
+                                     seed=state.seed + (lane.index * 1000 if lane else 0))
+    if not concurrent(state):
+        return on(None)
+    floors = on_lanes(on, lanes_of(state))
+    runs = [run for floor in floors for run in floor.runs]
+    return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs,
+                      rule=floors[0].rule + f", over {len(floors)} lanes timed at once")

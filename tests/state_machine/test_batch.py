@@ -1,0 +1,104 @@
+"""`--gpus N`: lanes, one candidate per lane at once, at most one winner per batch.
+
+The bookkeeping test replaces validate and measure by functions that hand out given verdicts (what is
+under test is which verdict becomes the incumbent, not the measurement); the end-to-end test runs real
+workers, two lanes at once, on the CPU (a lane's GPU list only sets CUDA_VISIBLE_DEVICES).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from sg_opt.run_store import RunRequest
+from state_machine import batch, graph, nodes
+from state_machine.context import ProposerPolicy, RunContext
+from state_machine.lanes import plan_lanes
+from state_machine.state import Candidate, Limits, RunState, Verdict
+from targets.registry import resolve_target
+from targets.worker_client import device_env
+from targets.worker_protocol import WorkerRequest
+
+AGENT_TARGET = "tests.fixtures.agent_target:target"
+
+
+def test_lanes_split_gpus_by_ranks_and_cpus_evenly():
+    lanes = plan_lanes(4, 2, cpus=list(range(8)))
+    assert [lane.gpus for lane in lanes] == [[0, 1], [2, 3]]
+    assert [lane.cpus for lane in lanes] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [lane.gpus for lane in plan_lanes(3, 1, cpus=[0, 1, 2])] == [[0], [1], [2]]
+    assert len(plan_lanes(1, 2, cpus=[0])) == 1  # fewer GPUs than ranks: one lane, the whole machine
+
+
+def test_a_lane_sees_only_its_gpus_as_the_caller_numbers_them(monkeypatch):
+    req = WorkerRequest(target="t", size="s", mode="bench", gpus=[1])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device_env(req) == {"CUDA_VISIBLE_DEVICES": "1"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert device_env(req) == {"CUDA_VISIBLE_DEVICES": "6"}
+    assert device_env(req.model_copy(update={"gpus": None})) == {}
+
+
+def test_the_fastest_winner_of_a_batch_alone_becomes_the_incumbent(tmp_path, monkeypatch):
+    ctx = RunContext(target=resolve_target("haste-rec"), policy=ProposerPolicy())
+    cands = [Candidate(id=i, kind="knob", patch=patch, rationale="test", proposer="test")
+             for i, patch in ((1, {"data_workers": 2}), (2, {"embedding_grad_mode": "fused"}),
+                              (3, {"pin_memory": True}), (4, {"data_workers": 2}))]
+    ratios = {1: 0.8, 2: 0.5, 3: None}  # 3 is rejected at validation; 4 duplicates 1 within the batch
+    lanes_seen, overlap, active = {}, [], []
+
+    def validate(state, _ctx):
+        active.append(state.current.id)
+        time.sleep(0.2)
+        overlap.append(len(active))
+        active.remove(state.current.id)
+        lanes_seen[state.current.id] = (state.lane.gpus, threading.current_thread().name)
+        if ratios[state.current.id] is None:
+            return nodes._reject("validate", "numerics broken")
+        return {"current_verdict": None}
+
+    def measure(state, _ctx):
+        ratio = ratios[state.current.id]
+        return {"current_verdict": Verdict(accepted=True, stage="measure", reason="faster twice", ratio=ratio)}
+
+    monkeypatch.setattr(nodes, "validate", validate)
+    monkeypatch.setattr(nodes, "measure", measure)
+    state = RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny", gpus=4, batch=cands,
+                     next_id=5, limits=Limits(max_iters=10))
+    out = batch.evaluate_batch(state, ctx)
+    history = out["history"]
+    assert [e.candidate.id for e in history][-1] == 2 and history[-1].verdict.accepted
+    by_id = {e.candidate.id: e.verdict for e in history}
+    assert not by_id[1].accepted and "candidate #2 of the same batch was faster" in by_id[1].reason
+    assert not by_id[3].accepted and by_id[3].stage == "validate"
+    assert not by_id[4].accepted and "duplicate of candidate #1" in by_id[4].reason
+    assert out["incumbent"].from_candidate == 2 and out["incumbent"].config == {"embedding_grad_mode": "fused"}
+    assert all(e.incumbent_id is None for e in history)  # all measured against the same incumbent
+    assert [(c.id, c.patch) for c in out["queue"]] == [(5, {"data_workers": 2})] and out["next_id"] == 6
+    assert sorted(gpus for gpus, _ in lanes_seen.values()) == [[0], [1], [2]]  # one lane each
+    assert max(overlap) == 3  # the three validations ran at the same time
+
+
+def test_two_lanes_evaluate_real_candidates_at_once(tmp_path):
+    """The agent test target on the CPU, 2 lanes: the graph batches, times each pair on its own CPUs, and
+    records one winner per batch."""
+    request = RunRequest(run_id="lanes", target=AGENT_TARGET, size="tiny", threads=1, gpus=2,
+                         max_iters=2, plan={"blocks": 4, "block_steps": 3, "aa_repeats": 1})
+    ctx = RunContext(target=resolve_target(AGENT_TARGET), policy=ProposerPolicy())
+    state = RunState(run_id=request.run_id, run_dir=str(tmp_path), target=AGENT_TARGET, size="tiny", threads=1,
+                     gpus=2, limits=Limits(max_iters=2, max_minutes=10), plan=request.plan)
+    if len(plan_lanes(2, 1)) < 2 or not plan_lanes(2, 1)[1].cpus:
+        pytest.skip("this machine has a single CPU: two lanes would share it")
+    final = graph.run(ctx, state, tmp_path, request.run_id)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    batches = [e for e in events if e["event"] == "batch"]
+    assert batches and len(batches[0]["ids"]) == 2, batches
+    assert final.evaluated >= 2 and final.stop_reason
+    first = [e for e in final.history if e.candidate.id in batches[0]["ids"]]
+    assert sum(e.verdict.accepted for e in first) <= 1
+    assert any(e.verdict.accepted and e.candidate.patch == {"slow_loader": False} for e in final.history)
+    calibration = json.loads((tmp_path / "baseline" / "calibration.json").read_text())
+    assert "over 2 lanes timed at once" in calibration["rule"] and len(calibration["runs"]) == 2
