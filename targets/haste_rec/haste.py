@@ -178,9 +178,15 @@ class HasteOutput(nn.Module):
 
     def __init__(self, hidden: int, tail_dims: int, head_labels: torch.Tensor, tail_groups: torch.Tensor,
                  fan_in: int, backend: str = "torch", kernels: Mapping[str, Callable] | None = None,
-                 seed: int = 0, kernel_config: Mapping[str, Any] | None = None) -> None:
+                 seed: int = 0, kernel_config: Mapping[str, Any] | None = None,
+                 groups_owned: range | None = None) -> None:
         """kernel_config: the Triton backends' tile config (``triton_tail.TailKernelConfig`` fields:
-        block_b, num_warps, num_stages; "auto" or absent = the shape rule)."""
+        block_b, num_warps, num_stages; "auto" or absent = the shape rule).
+
+        groups_owned: hold only these tail groups (a rank's share under label-group sharding), each
+        exactly as the layer of all groups has it: the whole tail is drawn, then cut, so that the
+        generator runs as in the full layer. None holds all groups. The head and the label maps stay whole.
+        """
         super().__init__()
         if tail_groups.dim() != 2 or tail_groups.shape[0] < 1:
             raise ConfigError("HASTE tail groups must be a [K, G] tensor with at least one group")
@@ -196,14 +202,20 @@ class HasteOutput(nn.Module):
         self.kernels = _resolve_kernels(backend, kernels, kernel_config)
         self.hidden, self.tail_dims, self.fan_in = hidden, tail_dims, fan_in
         groups, size = tail_groups.shape
+        owned = range(groups) if groups_owned is None else groups_owned
+        if owned.step != 1 or not 0 <= owned.start <= owned.stop <= groups:
+            raise ConfigError(f"HASTE groups_owned must be a contiguous range within the {groups} groups, not {owned}")
+        self.num_groups, self.groups_owned = groups, owned
         internal_label, position = _label_maps(head_labels, tail_groups)
         self.register_buffer("internal_label", internal_label, persistent=False)
         self.register_buffer("internal_position", position, persistent=False)
         self.register_buffer("valid_mask", internal_label >= 0, persistent=False)
-        self._tail_padded = bool((tail_groups < 0).any())
+        mine = slice(owned.start, owned.stop)
+        self._tail_padded = bool((tail_groups[mine] < 0).any())
 
         generator = torch.Generator().manual_seed(seed)
-        self.register_buffer("tail_index", random_fan_in(groups, tail_dims, fan_in, generator).sort(dim=1).values)
+        index = random_fan_in(groups, tail_dims, fan_in, generator).sort(dim=1).values
+        self.register_buffer("tail_index", index[mine].clone())
         n_head = head_labels.numel()
         self.head = nn.Linear(hidden, n_head) if n_head else None
         if self.head is not None:
@@ -212,8 +224,8 @@ class HasteOutput(nn.Module):
                 self.head.bias.zero_()
         weight = torch.randn(groups, size, fan_in, generator=generator) * fan_in ** -0.5
         weight[tail_groups.cpu() < 0] = 0.0  # padded label rows stay out of rewiring magnitudes
-        self.tail_weight = nn.Parameter(weight)
-        self.tail_bias = nn.Parameter(torch.zeros(groups, size))
+        self.tail_weight = nn.Parameter(weight[mine].clone())
+        self.tail_bias = nn.Parameter(torch.zeros(len(owned), size))
 
     @property
     def n_internal(self) -> int:
@@ -223,6 +235,16 @@ class HasteOutput(nn.Module):
     def n_head(self) -> int:
         return 0 if self.head is None else self.head.out_features
 
+    @property
+    def group_size(self) -> int:
+        return self.tail_bias.shape[1]
+
+    @property
+    def owned_columns(self) -> slice:
+        """The internal columns of the tail groups this layer holds (all tail columns unless groups_owned)."""
+        size = self.group_size
+        return slice(self.n_head + self.groups_owned.start * size, self.n_head + self.groups_owned.stop * size)
+
     def head_parameters(self) -> list[nn.Parameter]:
         return [] if self.head is None else list(self.head.parameters())
 
@@ -230,7 +252,8 @@ class HasteOutput(nn.Module):
         return [self.tail_weight, self.tail_bias]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits [B, n_internal] in internal order (head, then tail groups k-major, padding included)."""
+        """Logits [B, n_internal] in internal order (head, then tail groups k-major, padding included);
+        with groups_owned, the head's and the owned groups' columns only."""
         if h.dim() != 2 or h.shape[1] != self.hidden:
             raise ValueError(f"HASTE input must be [B, {self.hidden}], got {tuple(h.shape)}")
         tail = self.tail_logits(h)
@@ -245,11 +268,11 @@ class HasteOutput(nn.Module):
         return self.head(h)
 
     def tail_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The group-shared tail's logits [B, K*G], from the first tail_dims dims of h."""
+        """The group-shared tail's logits [B, K*G] (K: the groups held), from the first tail_dims dims of h."""
         return self._tail(h[:, :self.tail_dims])
 
     def _tail(self, h: torch.Tensor) -> torch.Tensor:
-        if self.backend == "torch":
+        if self.backend == "torch" or not self.groups_owned:  # no groups held: no kernel over an empty grid
             return tail_forward(h, self.tail_index, self.tail_weight, self.tail_bias)
         dtype = _autocast_dtype(h.device)
         if dtype is None:
@@ -271,7 +294,9 @@ class HasteOutput(nn.Module):
             raise ConfigError(f"the fused tail loss needs tail_backend triton-fused-loss, not {self.backend}")
         h = h[:, :self.tail_dims]
         dtype = _autocast_dtype(h.device)
-        col_weight = self.valid_mask[self.n_head:].reshape(self.tail_bias.shape).float() if self._tail_padded else None
+        col_weight = None
+        if self._tail_padded:
+            col_weight = self.valid_mask[self.owned_columns].reshape(self.tail_bias.shape).float()
         with torch.autocast(h.device.type, enabled=False):
             x = h if dtype is None else h.to(dtype)
             return FusedTailBCE.apply(x, self.tail_weight, self.tail_bias, self.tail_index, col_weight, rows, cols,
@@ -304,9 +329,13 @@ class HasteOutput(nn.Module):
         return mask
 
     def _draw_new_dims(self, count: int, generator: torch.Generator) -> torch.Tensor:
-        """[K, count] random dims per group, distinct and outside the group's current fan-in."""
-        groups = self.tail_index.shape[0]
-        scores = torch.rand(groups, self.tail_dims, generator=generator, device=generator.device)
+        """[K, count] random dims per group, distinct and outside the group's current fan-in.
+
+        The scores of ALL groups are drawn and the held groups' rows kept: the generator advances as
+        in the full layer, so every owner of a label-group-sharded tail, each with the same generator,
+        rewires its groups exactly as the full layer rewires them (pruning is per group already)."""
+        scores = torch.rand(self.num_groups, self.tail_dims, generator=generator, device=generator.device)
+        scores = scores[self.groups_owned.start:self.groups_owned.stop]
         scores = scores.to(self.tail_index.device).scatter_(1, self.tail_index, math.inf)
         return scores.topk(count, dim=1, largest=False).indices
 

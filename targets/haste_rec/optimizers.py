@@ -4,14 +4,16 @@ Optimizers follow HASTE: Adam for the encoder, SGD with momentum for the output 
 Adagrad for the embedding tables (owned by the embedding store, whichever kind of store it is). A
 logit's SGD step grows with its fan-in: the dense head reads all H dims, a tail group F, so the
 head's rate is scaled by F / H to give every logit the same step size. Every ``rewire_every`` steps
-HASTE rewires the tail's weakest fan-in slots and their momentum is cleared.
+HASTE rewires the tail's weakest fan-in slots and their momentum is cleared. Both act on the tail
+the layer holds, so on a label-group-sharded tail each owner updates and rewires its own groups
+exactly as the whole layer would (see ``HasteOutput._draw_new_dims``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -60,11 +62,17 @@ class Optimizers:
             zero_rewired_state(self.output, model.output.rewire(REWIRE_FRACTION, self.rewire_gen))
 
 
-def grad_norms(model, embeddings) -> dict[str, float]:
-    """Gradient norms per parameter group (encoder, head, tail, embeddings) of the last backward."""
-    def norm(params) -> float:
+def grad_norms(model, embeddings, tail_total: Callable[[float], float] | None = None) -> dict[str, float]:
+    """Gradient norms per parameter group (encoder, head, tail, embeddings) of the last backward.
+
+    tail_total sums the tail's squared norm over the ranks that hold parts of it (a label-group-sharded
+    tail); None for a tail held whole."""
+    def sq_norm(params) -> float:
         grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
-        return math.sqrt(float(torch.stack(grads).sum())) if grads else 0.0
+        return float(torch.stack(grads).sum()) if grads else 0.0
     out = model.output
-    return {"encoder": norm(model.encoder.parameters()), "head": norm(out.head_parameters()),
-            "tail": norm(out.tail_parameters()), "embeddings": math.sqrt(embeddings.grad_sq_norm())}
+    tail_sq = sq_norm(out.tail_parameters())
+    return {"encoder": math.sqrt(sq_norm(model.encoder.parameters())),
+            "head": math.sqrt(sq_norm(out.head_parameters())),
+            "tail": math.sqrt(tail_sq if tail_total is None else tail_total(tail_sq)),
+            "embeddings": math.sqrt(embeddings.grad_sq_norm())}

@@ -1,45 +1,72 @@
 """The distributed reference trainer in real gloo processes (torchrun, 2 ranks, size tiny).
 
 Sharded training from the same seed follows the single-process trajectory within the reorder
-numerics class: the global batch is the single-process batch split in halves, each rank's loss is
-its share of the single-process loss, the dense gradients are summed, and each row gets one Adagrad
-update with its gradient over the global batch. A rank that dies, or that stops answering, fails
-the job with a non-zero exit status well within a minute instead of hanging it.
+numerics class, tables sharded table-wise or row-wise: the global batch is the single-process batch
+split in halves, each rank's loss is its share of the single-process loss, the dense gradients are
+summed, and each row gets one Adagrad update with its gradient over the global batch (row-wise, from
+the one rank that holds it, after the owners' partial pooled sums are added). With the tail sharded
+by label groups, each rank trains its groups over the global batch and rewires them as the single
+process does. A rank that dies, or
+that stops answering, fails the job with a non-zero exit status well within a minute instead of
+hanging it.
 """
 
+import functools
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
 
+from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.knobs import KNOB_SPACE
-from targets.haste_rec.target import build
+from targets.haste_rec.target import build, training_data
 from targets.worker_protocol import NumericsData
 from validators.numerics import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
+FUSED = {"embedding_grad_mode": "fused"}
+CACHED_FUSED = {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
+TABLES_OF_RANKS = {"table-wise": [[0, 2], [1]], "row-wise": [[0, 1, 2], [0, 1, 2]]}  # tiny's 3 tables on 2 ranks
+LABEL_GROUPS = {"tail_sharding": "label-groups", "rewire_every": 4}  # rewired after steps 4, 8 and 12 of the run
 
 
-def torchrun(*args: str, timeout: float = 90) -> tuple[subprocess.CompletedProcess, float]:
-    """The trainer under torchrun with 2 gloo ranks; (the finished launcher, its wall seconds)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+def torchrun(*args: str, timeout: float = 90, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:
+    """The trainer under torchrun with `ranks` gloo ranks; (the finished launcher, its wall seconds)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
                "-m", "targets.haste_rec.distributed.train", "--size", "tiny", "--device", "cpu", *args]
     start = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - start
 
 
-def single_process_numerics(overrides: dict) -> NumericsData:
+def once(compute: Callable) -> Callable:
+    """`compute` run once per distinct JSON-able arguments (override dicts included), so that the
+    tests of both schemes share the runs they have in common."""
+    results: dict[str, Any] = {}
+
+    @functools.wraps(compute)
+    def cached(*args: Any, **kwargs: Any) -> Any:
+        key = json.dumps([args, kwargs], sort_keys=True)
+        if key not in results:
+            results[key] = compute(*args, **kwargs)
+        return results[key]
+    return cached
+
+
+@once
+def single_process_numerics(overrides: dict, data: str | None = None) -> NumericsData:
     """What the worker's numerics mode records for the single-process trainer (one thread)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        session = build(KNOB_SPACE.resolve(overrides), "tiny", {}, "cpu", 0)
+        session = build(KNOB_SPACE.resolve(overrides), "tiny", {}, "cpu", 0, data=data)
         session.record_grad_norms = True
         losses, norms = [], []
         for _ in range(STEPS):
@@ -50,25 +77,73 @@ def single_process_numerics(overrides: dict) -> NumericsData:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("overrides", [{}, {"embedding_grad_mode": "fused"}],
-                         ids=["dense-table-gradient", "fused-row-update"])
-def test_sharded_training_follows_the_single_process_trajectory(tmp_path, overrides):
-    out = tmp_path / "result.json"
-    sets = [arg for name, value in overrides.items() for arg in ("--set", f"{name}={value}")]
-    done, _ = torchrun("--steps", str(STEPS), "--numerics", "--timeout-s", "60", "--out", str(out), *sets)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+@once
+def sharded_training(sharding: str, overrides: dict, ranks: int = 2, data: str | None = None) -> dict:
+    """The JSON result of STEPS steps under torchrun with --numerics."""
+    knobs = {"embedding_sharding": sharding, **overrides}
+    sets = [arg for name, value in knobs.items() for arg in ("--set", f"{name}={value}")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        done, _ = torchrun("--steps", str(STEPS), "--numerics", "--timeout-s", "60", "--out", str(out), *sets,
+                           *(() if data is None else ("--data", data)), ranks=ranks)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(out.read_text())
 
-    assert [(r["tables"], r["samples"]) for r in result["ranks"]] == [([0, 2], 16), ([1], 16)]
-    for step, loss in enumerate(result["losses"]):  # the global loss is the sum of the ranks' shares
+
+def numerics_of(result: dict) -> NumericsData:
+    return NumericsData(**{k: v for k, v in result["numerics"].items() if k != "counters"})
+
+
+def assert_follows(baseline: NumericsData, result: dict) -> None:
+    """The run's global loss is the sum of its ranks' shares, and it follows `baseline` within reorder."""
+    for step, loss in enumerate(result["losses"]):
         assert loss == pytest.approx(sum(r["local_losses"][step] for r in result["ranks"]), rel=1e-6)
     assert all(len(r["step_s"]) == STEPS for r in result["ranks"])
-
-    baseline = single_process_numerics(overrides)
-    candidate = NumericsData(**{k: v for k, v in result["numerics"].items() if k != "counters"})
-    verdict = compare(baseline, candidate, "reorder")
+    verdict = compare(baseline, numerics_of(result), "reorder")
     assert verdict.ok, verdict.detail
-    assert candidate.losses[-1] < 0.1 * candidate.losses[0]  # it trains
+
+
+@pytest.mark.parametrize("sharding,overrides", [
+    ("table-wise", {}), ("table-wise", FUSED), ("row-wise", {}), ("row-wise", FUSED), ("row-wise", CACHED_FUSED),
+    ("table-wise", LABEL_GROUPS), ("table-wise", {**LABEL_GROUPS, **FUSED}),
+], ids=["table-wise-dense-table-gradient", "table-wise-fused-row-update", "row-wise-dense-table-gradient",
+        "row-wise-fused-row-update", "row-wise-cached-fused", "label-groups-dense-table-gradient",
+        "label-groups-fused-row-update"])
+def test_sharded_training_follows_the_single_process_trajectory(sharding, overrides):
+    result = sharded_training(sharding, overrides)
+    assert [(r["tables"], r["samples"]) for r in result["ranks"]] == [(t, 16) for t in TABLES_OF_RANKS[sharding]]
+    if overrides.get("tail_sharding") == "label-groups":  # each rank really trained its half of the groups
+        owned = [r["counters"]["tail_groups_owned"] for r in result["ranks"]]
+        assert min(owned) > 0 and owned[0] - owned[1] in (0, 1)
+    assert_follows(single_process_numerics(overrides), result)
+    assert result["losses"][-1] < 0.1 * result["losses"][0]  # it trains
+
+
+@pytest.mark.parametrize("overrides", [{}, FUSED], ids=["dense-table-gradient", "fused-row-update"])
+def test_row_wise_and_table_wise_sharding_follow_one_trajectory(overrides):
+    verdict = compare(numerics_of(sharded_training("table-wise", overrides)),
+                      numerics_of(sharded_training("row-wise", overrides)), "reorder")
+    assert verdict.ok, verdict.detail
+
+
+def test_row_wise_training_on_uneven_blocks_and_samples_with_weights(tmp_path_factory):
+    """3 ranks on a weighted file of 31 feature rows: row blocks 11, 11, 9, samples 11, 11, 10."""
+    path = tmp_path_factory.mktemp("xc") / "train.txt"
+    gen = torch.Generator().manual_seed(0)
+    lines = ["400 31 40"]
+    for _ in range(400):
+        labels = sorted(set(torch.randint(0, 40, (2,), generator=gen).tolist()))
+        features = sorted(set(torch.randint(0, 31, (4,), generator=gen).tolist()))
+        lines.append(",".join(map(str, labels)) + " " + " ".join(f"{f}:{0.5 + f / 31:.3f}" for f in features))
+    path.write_text("\n".join(lines) + "\n")
+    _, size = training_data("tiny", 0, str(path))
+    plan = ShardingPlan(3, size.num_tables, "row-wise")
+    assert size.table_rows == (31,) and [plan.row_range(31, r) for r in range(3)] == [(0, 11), (11, 22), (22, 31)]
+
+    result = sharded_training("row-wise", {}, ranks=3, data=str(path))
+    assert [r["samples"] for r in result["ranks"]] == [11, 11, 10]
+    assert_follows(single_process_numerics({}, str(path)), result)
+    assert result["losses"][-1] < 0.5 * result["losses"][0]  # it trains (on noise: more slowly)
 
 
 @pytest.mark.parametrize("fault,timeout_s", [("exit:1:3", "30"), ("hang:1:3", "5")], ids=["dies", "hangs"])
@@ -86,7 +161,7 @@ def test_a_failed_rank_fails_the_job_instead_of_hanging_it(tmp_path, fault, time
     assert not out.exists()
 
 
-def test_an_unbuilt_sharding_scheme_is_one_sentence_and_exit_status_2():
-    done, _ = torchrun("--steps", "1", "--set", "embedding_sharding=row-wise", timeout=60)
+def test_an_unknown_sharding_scheme_is_one_sentence_and_exit_status_2():
+    done, _ = torchrun("--steps", "1", "--set", "embedding_sharding=column-wise", timeout=60)
     assert done.returncode != 0 and "exitcode  : 2" in done.stderr
-    assert "error: embedding_sharding row-wise is not implemented yet" in done.stderr
+    assert "error: knob embedding_sharding must be one of table-wise | row-wise, not 'column-wise'" in done.stderr

@@ -1,4 +1,9 @@
-"""The sharding plan: which rank owns which embedding table and which samples of the global batch.
+"""The sharding plan: which rank owns which embedding rows and which samples of the global batch.
+
+Embeddings are sharded table-wise (table t on rank t % world size) or row-wise (every table's rows
+split over all ranks in contiguous blocks of ceil(rows / world size), rank r holding the r-th block;
+the last blocks may be shorter or empty), as TorchRec's two basic schemes. The HASTE tail is
+replicated, or sharded by label groups (each rank whole groups, `group_range`).
 
 The plan is configuration, not code: each part of the model names its scheme, and a scheme that is
 not implemented yet is a ConfigError with one sentence for the user, never a silent fallback.
@@ -19,8 +24,10 @@ TAIL_SHARDINGS = KNOB_SPACE["tail_sharding"].choices
 
 @dataclass(frozen=True)
 class ShardingPlan:
-    """Table t lives on rank t % world_size (table-wise); the dense parts, the HASTE tail included,
-    are replicated on every rank (data parallel)."""
+    """Table t lives on rank t % world_size (table-wise), or each rank holds a block of every table's
+    rows (row-wise, `row_range`); the encoder and the HASTE head are replicated on every rank (data
+    parallel), and so is the HASTE tail, unless tail_sharding label-groups gives each rank whole tail
+    groups (`group_range`)."""
 
     world_size: int
     num_tables: int
@@ -34,23 +41,42 @@ class ShardingPlan:
         for name, known in (("embedding_sharding", EMBEDDING_SHARDINGS), ("tail_sharding", TAIL_SHARDINGS)):
             if getattr(self, name) not in known:
                 raise ConfigError(f"{name} must be one of {', '.join(known)}, not {getattr(self, name)!r}")
-        if self.embedding_sharding == "row-wise":
-            raise ConfigError("embedding_sharding row-wise is not implemented yet: the distributed trainer shards "
-                              "embeddings table-wise only (table t on rank t % world size)")
-        if self.tail_sharding == "label-groups":
-            raise ConfigError("tail_sharding label-groups is not implemented yet: the distributed trainer replicates "
-                              "the HASTE output layer on every rank (tail_sharding replicated)")
 
     def table_owner(self, table: int) -> int:
+        """The rank that holds `table` whole (table-wise)."""
         return table % self.world_size
 
     def tables_of(self, rank: int) -> list[int]:
-        """The tables `rank` owns, in table order (none when there are more ranks than tables)."""
+        """The tables `rank` holds rows of, in table order: table-wise its own (none when there are more
+        ranks than tables), row-wise every table (a block of each)."""
+        if self.embedding_sharding == "row-wise":
+            return list(range(self.num_tables))
         return [t for t in range(self.num_tables) if self.table_owner(t) == rank]
 
     def owner_order(self) -> list[int]:
-        """All tables grouped by owner (rank 0's first), the order in which the exchanges lay them out."""
+        """All tables grouped by owner (rank 0's first), the order in which the table-wise exchanges lay
+        them out."""
         return [t for rank in range(self.world_size) for t in self.tables_of(rank)]
+
+    def row_block(self, rows: int) -> int:
+        """Rows per block of a table of `rows` rows (row-wise): ceil(rows / world size), so that the
+        owner of row i is i // row_block, one integer division per id in the input dist."""
+        return -(-rows // self.world_size)
+
+    def row_range(self, rows: int, rank: int) -> tuple[int, int]:
+        """The rows [start, stop) of a table of `rows` rows that `rank` holds (row-wise): contiguous
+        blocks in rank order, so every row has exactly one owner; with more ranks than rows, or an
+        uneven split, the last ranks' blocks are shorter or empty (start == stop == rows)."""
+        block = self.row_block(rows)
+        start = min(rows, rank * block)
+        return start, min(rows, start + block)
+
+    def group_range(self, rank: int, num_groups: int) -> range:
+        """The tail groups `rank` owns under label-groups: contiguous blocks in rank order, the first
+        num_groups % world_size ranks one group more (none when there are more ranks than groups)."""
+        base, extra = divmod(num_groups, self.world_size)
+        start = rank * base + min(rank, extra)
+        return range(start, start + base + (rank < extra))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tables_of_rank": [self.tables_of(r) for r in range(self.world_size)]}

@@ -12,9 +12,18 @@ A step, on every rank (W ranks, global batch B, rank r holding samples [lo_r, hi
   optimizer   Adam (encoder) and SGD (output) on identical summed gradients on every rank; row-wise
               Adagrad by each owner on its rows; rewiring, identical on every rank
   loss_sync   all-reduce of the loss shares: the global loss, the single-process loss
+That is tail_sharding replicated. Under label-groups (``sharded_tail.py``) each rank owns whole tail
+groups, outside DDP, and the dense and loss phases change:
+  dense       encoder and head on this rank's samples (DDP replica); tail_dist all-gathers h (and the
+              batch's tail positives) to the global batch, tail computes the owned groups' logits of it
+  loss        this rank's share: its samples' head BCE plus its groups' BCE over the global batch, / B
+  backward    as above for the encoder and head; the owners' dh of the global batch is reduce-scattered
+              (summed) to the samples' ranks; the owned groups' gradients are complete, no all-reduce
+  optimizer   as above; SGD and rewiring of the owned groups, each owner its own, as the full layer
 The probe and the held-out quality are the single-process session's, run on logits that each rank
-computes for its slice of the evaluation batch and all-gathers. Every method here is collective:
-every rank must call it, in the same order.
+computes for its slice of the evaluation batch and all-gathers (under label-groups: the head's for its
+slice, the tail's of its groups for the whole batch, all-gathered by columns). Every method here is
+collective: every rank must call it, in the same order.
 """
 
 from __future__ import annotations
@@ -24,13 +33,16 @@ from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.distributed.dense import build_tower, data_parallel
 from targets.haste_rec.distributed.exchange import gather_rows
 from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, sample_counts
 from targets.haste_rec.distributed.process_group import RankContext
-from targets.haste_rec.distributed.sharded_embeddings import TableWiseEmbeddings
+from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings,
+                                                             TableWiseEmbeddings)
+from targets.haste_rec.distributed.sharded_tail import LabelGroupTail
 from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.model import cache_plan_inputs, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
@@ -38,8 +50,8 @@ from targets.haste_rec.session import HasteRecSession
 from targets.haste_rec.sizes import HasteRecSize
 from targets.protocol import ConfigError, PhaseTimer
 
-PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail", "loss", "backward", "optimizer",
-          "loss_sync")
+PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail_dist", "tail", "loss", "backward",
+          "optimizer", "loss_sync")
 UNSUPPORTED = {("tail_backend", "triton-fused-loss"): "the fused tail loss does not run under torch.distributed "
                                                       "yet: use tail_backend torch, slots or triton"}
 
@@ -52,11 +64,14 @@ class ShardedSession:
     # metric are the same code: they read data, size, device, valid, position, model.output, _eval_logits.
     _positives = HasteRecSession._positives
     _targets = HasteRecSession._targets
+    _head_targets = HasteRecSession._head_targets
     _cast_context = HasteRecSession._cast_context
     loss = HasteRecSession.loss
     probe = HasteRecSession.probe
     quality = HasteRecSession.quality
-    perturb = HasteRecSession.perturb  # dense parameters only, from the seed: the replicas stay identical
+    # Dense parameters only, from the seed: the replicas stay identical. An owned tail slice draws its
+    # signs for its own shape: as small a nudge as the single-process one, not the same one.
+    perturb = HasteRecSession.perturb
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
                  plan: ShardingPlan, ctx: RankContext, seed: int):
@@ -69,7 +84,8 @@ class ShardedSession:
         self.samples = sample_counts(size.batch_size, ctx.world_size)
         self.timer = PhaseTimer(self.device)
         self.embeddings = self._build_embeddings(data, size, config, seed)
-        self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer)
+        self.tail = LabelGroupTail.join(plan, ctx) if plan.tail_sharding == "label-groups" else None
+        self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer, self.tail)
         self.ddp = data_parallel(self.model, self.device)
         self.autocast = config["precision"] == "bf16-autocast"
         self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
@@ -85,15 +101,16 @@ class ShardedSession:
         self.valid = out.valid_mask.to(self.device)
         self.position = out.internal_position.to(self.device)
 
-    def _build_embeddings(self, data, size: HasteRecSize, config: Mapping[str, Any], seed: int) -> TableWiseEmbeddings:
-        """The sharded tables, planned as HasteRecModel plans the single-process store: for the bags of the
-        global batch, which is what an owner pools."""
+    def _build_embeddings(self, data, size: HasteRecSize, config: Mapping[str, Any], seed: int) -> ShardedEmbeddings:
+        """The sharded tables (table-wise or row-wise, as the plan says), planned as HasteRecModel plans the
+        single-process store: for the bags of the global batch, which is what an owner pools."""
         cfg = embedding_config(config, size)
         counts, max_unique = cache_plan_inputs(data, size, cfg)
         weighted = any(w is not None for w in data.heldout().weights)
-        return TableWiseEmbeddings(self.plan, self.ctx.rank, size.table_rows, size.embedding_dim, cfg,
-                                   self.device, seed, self.ctx.embedding_group, weighted, access_counts=counts,
-                                   max_unique_per_batch=max_unique, phase=self.timer)
+        scheme = RowWiseEmbeddings if self.plan.embedding_sharding == "row-wise" else TableWiseEmbeddings
+        return scheme(self.plan, self.ctx.rank, size.table_rows, size.embedding_dim, cfg, self.device, seed,
+                      self.ctx.embedding_group, weighted, access_counts=counts, max_unique_per_batch=max_unique,
+                      phase=self.timer)
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -102,14 +119,17 @@ class ShardedSession:
         with phase("data"):
             batch = next(self.batches)
         with self._cast_context():
-            logits = self.ddp(self.embeddings(batch, self.samples), batch.dense)
-        with phase("loss"):
-            loss = self.loss(logits, batch, self.batch_size)  # this rank's share of the global loss
+            logits = self.ddp(self.embeddings(batch, self.samples), batch.dense, self.samples)
+        if self.tail is None:
+            with phase("loss"):
+                loss = self.loss(logits, batch, self.batch_size)  # this rank's share of the global loss
+        else:
+            loss = self._label_groups_loss(*logits, batch)
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):
             if self.record_grad_norms:
-                self._grad_norms = grad_norms(self.model, self.embeddings)
+                self._grad_norms = grad_norms(self.model, self.embeddings, self._tail_total)
             self.optimizers.step(self.model, self.embeddings)
         with phase("loss_sync"):
             local = loss.detach()
@@ -117,6 +137,24 @@ class ShardedSession:
             dist.all_reduce(total)
         self.local_loss = float(local)
         return total
+
+    def _label_groups_loss(self, head: torch.Tensor, tail: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """This rank's share of the global loss under label-groups: its samples' head BCE plus its groups'
+        BCE over the global batch (valid columns only), both over the global batch size."""
+        out = self.model.output
+        rows, cols = self._positives(batch)
+        with self.timer("tail_dist"):
+            tail_targets = self.tail.owned_targets(out, rows, cols, self.samples)
+        with self.timer("loss"):
+            head_total = F.binary_cross_entropy_with_logits(
+                head.float(), self._head_targets(rows, cols, batch.batch_size), reduction="sum")
+            tail_total = F.binary_cross_entropy_with_logits(
+                tail.float(), tail_targets, weight=self.valid[out.owned_columns].float(), reduction="sum")
+            return (head_total + tail_total) / self.batch_size
+
+    def _tail_total(self, sq_norm: float) -> float:
+        """A squared norm of the tail's parameters or gradients, over all its groups."""
+        return sq_norm if self.tail is None else self.tail.sum_over_ranks(sq_norm)
 
     # -- what the worker reads (collective) ----------------------------------------------------
     def grad_norms(self) -> dict[str, float]:
@@ -129,8 +167,12 @@ class ShardedSession:
         start = sum(counts[:self.ctx.rank])
         mine = batch.slice(start, start + counts[self.ctx.rank]).to(self.device)
         with self._cast_context():
-            logits = self.model(self.embeddings(mine, counts), mine.dense).float()
-        return gather_rows(logits, counts)
+            logits = self.model(self.embeddings(mine, counts), mine.dense, counts)
+        if self.tail is None:
+            return gather_rows(logits.float(), counts)
+        head, tail = logits
+        return torch.cat([gather_rows(head.float(), counts), self.tail.all_columns(self.model.output, tail.float())],
+                         dim=1)
 
     def param_digest(self) -> dict[str, Any]:
         """Parameter norms per group. No sha256: the tables never meet in one process, and a sharded run
@@ -138,8 +180,9 @@ class ShardedSession:
         out = self.model.output
         groups = {"encoder": list(self.model.encoder.parameters()), "head": list(out.head_parameters()),
                   "tail": list(out.tail_parameters())}
-        norms = {name: math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in ps))
-                 for name, ps in groups.items()}
+        sq_norms = {name: sum(float(p.detach().float().pow(2).sum()) for p in ps) for name, ps in groups.items()}
+        sq_norms["tail"] = self._tail_total(sq_norms["tail"])
+        norms = {name: math.sqrt(value) for name, value in sq_norms.items()}
         norms["embeddings"] = math.sqrt(self.embeddings.table_sq_norm())
         return {"norms": norms}
 
@@ -148,4 +191,5 @@ class ShardedSession:
         return self.optimizers.steps_done
 
     def counters(self) -> dict[str, float]:
-        return {"steps": float(self.steps_done), **self.embeddings.counters()}
+        tail = {} if self.tail is None else self.tail.counters(self.model.output)
+        return {"steps": float(self.steps_done), **self.embeddings.counters(), **tail}

@@ -1,9 +1,12 @@
-"""Table-wise sharded embeddings: each rank stores and updates only the tables it owns.
+"""Sharded embeddings: each rank stores and updates only the rows it owns, behind the two exchanges.
 
-The owned tables are an ordinary `EmbeddingStore` (every placement, grad mode and backend knob
-applies unchanged), fed the global batch's bags of those tables by the input dist. Since the owner
-pools over the whole global batch, backward gives it each row's total gradient over that batch and
-row-wise Adagrad runs once per row, exactly as in the single-process trainer.
+The owned rows are an ordinary `EmbeddingStore` (every placement, grad mode and backend knob
+applies unchanged), fed the global batch's bags of those rows by the input dist: table-wise whole
+tables (`OwnedTables`), row-wise one block of every table (`OwnedRowBlocks`, each block a table of
+the store, ids local to it). Since the owner pools over the whole global batch, backward gives it
+each row's total gradient over that batch and row-wise Adagrad runs once per row, exactly as in the
+single-process trainer (row-wise, the pooled vectors are partial sums, added over the owners by the
+output dist).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import torch.distributed as dist
 from torch import nn
 
 from targets.haste_rec.batch import Batch
-from targets.haste_rec.distributed.exchange import PooledOutputDist, SparseInputDist
+from targets.haste_rec.distributed.exchange import (RowWiseInputDist, RowWiseOutputDist, TableWiseInputDist,
+                                                    TableWiseOutputDist)
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.embedding_config import EmbeddingConfig
 from targets.haste_rec.embeddings import EmbeddingStore
 from targets.haste_rec.row_ops import TableLayout
+from targets.protocol import ConfigError
 
 
 class OwnedTables(EmbeddingStore):
@@ -43,25 +48,41 @@ class OwnedTables(EmbeddingStore):
         return super()._build(init)
 
 
+class OwnedRowBlocks(EmbeddingStore):
+    """The store of one block of rows [start, stop) of every table (row-wise), each block initialised
+    exactly as the single-process store draws those rows.
+
+    Table t is drawn whole from the generator of (seed, t), by a layout of ALL tables in which the
+    others have zero rows, and its block sliced out: one table at a time, so that set-up holds at most
+    one whole table beside the blocks. (The base class has drawn its local layout already; that draw
+    is replaced.)
+    """
+
+    def __init__(self, table_rows: Sequence[int], ranges: Sequence[tuple[int, int]], dim: int, cfg: EmbeddingConfig,
+                 device: torch.device, seed: int, **kwargs: Any):
+        self.global_rows, self.ranges, self.init_seed = tuple(table_rows), tuple(ranges), seed
+        super().__init__([stop - start for start, stop in ranges], dim, cfg, device, seed, **kwargs)
+
+    def _build(self, init: torch.Tensor):
+        for t, (block, (start, stop)) in enumerate(zip(self.layout.split(init), self.ranges)):
+            alone = TableLayout(tuple(rows if u == t else 0 for u, rows in enumerate(self.global_rows)))
+            block.copy_(alone.initial_rows(self.dim, self.cfg.init_std, self.init_seed, self.device)[start:stop])
+        return super()._build(init)
+
+
 def _no_phase(name: str):
     return contextlib.nullcontext()
 
 
-class TableWiseEmbeddings(nn.Module):
-    """Pooled embeddings [this rank's samples, T * dim] of all T tables, from tables sharded table-wise."""
+class ShardedEmbeddings(nn.Module):
+    """Pooled embeddings [this rank's samples, T * dim] of all T tables, from the rows this rank owns: input
+    dist, store, output dist. The schemes below differ only in how they build the three."""
 
-    def __init__(self, plan: ShardingPlan, rank: int, table_rows: Sequence[int], dim: int,
-                 cfg: EmbeddingConfig, device: torch.device, seed: int, group: Any, weighted: bool,
-                 access_counts: list[torch.Tensor] | None = None, max_unique_per_batch: Sequence[int] | None = None,
-                 phase: Callable = _no_phase):
+    def __init__(self, store: EmbeddingStore | None, input_dist: Callable, output_dist: Callable,
+                 device: torch.device, phase: Callable):
         super().__init__()
-        owned = plan.tables_of(rank)
-        pick = lambda per_table: None if per_table is None else [per_table[t] for t in owned]  # noqa: E731
-        self.owned, self.device, self.phase = owned, device, phase
-        self.store = OwnedTables(table_rows, owned, dim, cfg, device, seed, access_counts=pick(access_counts),
-                                 max_unique_per_batch=pick(max_unique_per_batch)) if owned else None
-        self.input_dist = SparseInputDist(plan, rank, group, device, weighted)
-        self.output_dist = PooledOutputDist(plan, rank, dim, group, device)
+        self.store, self.input_dist, self.output_dist = store, input_dist, output_dist
+        self.device, self.phase = device, phase
 
     def forward(self, batch: Batch, samples: list[int]) -> torch.Tensor:
         """`batch` is this rank's slice of a batch split over the ranks as `samples` says (one count per rank)."""
@@ -96,8 +117,58 @@ class TableWiseEmbeddings(nn.Module):
         return self._sum_over_ranks(sum(float(t.detach().float().pow(2).sum()) for t in tables))
 
     def counters(self) -> dict[str, float]:
-        """This rank's store counters (cache traffic of its tables) and the bytes its forward all-to-alls
+        """This rank's store counters (cache traffic of its rows) and the bytes its forward all-to-alls
         sent (the backward sends as many pooled-gradient bytes as the forward received)."""
         own = {} if self.store is None else self.store.counters()
         return {**own, "a2a_bytes_sent_input": float(self.input_dist.exchange.bytes_sent),
-                "a2a_bytes_sent_pooled": float(self.output_dist.bytes_sent)}
+                "a2a_bytes_sent_pooled": float(self.output_dist.exchange.bytes_sent)}
+
+
+class TableWiseEmbeddings(ShardedEmbeddings):
+    """Table-wise: whole tables on their owners (no store on a rank that owns none)."""
+
+    def __init__(self, plan: ShardingPlan, rank: int, table_rows: Sequence[int], dim: int,
+                 cfg: EmbeddingConfig, device: torch.device, seed: int, group: Any, weighted: bool,
+                 access_counts: list[torch.Tensor] | None = None, max_unique_per_batch: Sequence[int] | None = None,
+                 phase: Callable = _no_phase):
+        owned = plan.tables_of(rank)
+        pick = lambda per_table: None if per_table is None else [per_table[t] for t in owned]  # noqa: E731
+        store = OwnedTables(table_rows, owned, dim, cfg, device, seed, access_counts=pick(access_counts),
+                            max_unique_per_batch=pick(max_unique_per_batch)) if owned else None
+        super().__init__(store, TableWiseInputDist(plan, rank, group, device, weighted),
+                         TableWiseOutputDist(plan, rank, dim, group, device), device, phase)
+
+
+def _check_blocks_fit_cache(plan: ShardingPlan, table_rows: Sequence[int], cfg: EmbeddingConfig) -> None:
+    """ConfigError on EVERY rank (the last rank's blocks are the smallest) when a small table leaves some
+    rank an empty block under placement cached, whose caches need at least one row per table."""
+    if cfg.placement != "cached":
+        return
+    last = plan.world_size - 1
+    for t, rows in enumerate(table_rows):
+        start, stop = plan.row_range(rows, last)
+        if start == stop:
+            raise ConfigError(f"embedding_placement cached needs a row block of every table on every rank, but "
+                              f"embedding_sharding row-wise leaves rank {last} none of table {t} ({rows} rows in "
+                              f"blocks of {plan.row_block(rows)}): use placement device or host, or "
+                              f"embedding_sharding table-wise")
+
+
+class RowWiseEmbeddings(ShardedEmbeddings):
+    """Row-wise: a block of every table's rows on every rank (`ShardingPlan.row_range`)."""
+
+    def __init__(self, plan: ShardingPlan, rank: int, table_rows: Sequence[int], dim: int,
+                 cfg: EmbeddingConfig, device: torch.device, seed: int, group: Any, weighted: bool,
+                 access_counts: list[torch.Tensor] | None = None, max_unique_per_batch: Sequence[int] | None = None,
+                 phase: Callable = _no_phase):
+        _check_blocks_fit_cache(plan, table_rows, cfg)
+        ranges = [plan.row_range(rows, rank) for rows in table_rows]
+        # The cache planner sees the block as a table: its rows' access counts, and as floor the most
+        # distinct ids one global batch has in the table, capped at the block (they may all fall in it).
+        counts = None if access_counts is None else [c[a:b] for c, (a, b) in zip(access_counts, ranges)]
+        floors = None if max_unique_per_batch is None else [
+            min(b - a, most) for most, (a, b) in zip(max_unique_per_batch, ranges)]
+        store = OwnedRowBlocks(table_rows, ranges, dim, cfg, device, seed, access_counts=counts,
+                               max_unique_per_batch=floors)
+        super().__init__(store, RowWiseInputDist(plan, rank, table_rows, group, device, weighted),
+                         RowWiseOutputDist(rank, len(table_rows) * dim, group), device, phase)
