@@ -3,7 +3,7 @@
 For each size, config and sharding plan, one `sg-opt` bench worker per number of ranks (the ranked one
 under torchrun, NCCL on GPUs): the step time is each step's SLOWEST rank, the throughput per GPU is
 global batch / step time / ranks, and the exchange share is the synchronised phase times of the
-collectives (input_dist, output_dist, the tail's gathers, loss_sync) over the step's phase total.
+collectives (input_dist, output_dist, tail_dist, loss_sync: waits for the slowest rank included) over the step's phase total.
 The backward's reverse exchanges run inside "backward"; a ranked profile (``--profile``) gives their
 share as NCCL kernel time. With ``--numerics`` each plan's 2-rank training is also checked against the
 single-process trajectory within the reorder class (at ``--numerics-size``).
@@ -26,7 +26,7 @@ from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest
 from validators.numerics import compare
 
-EXCHANGE_PHASES = ("input_dist", "output_dist", "tail_gather", "tail_scatter", "loss_sync")
+EXCHANGE_PHASES = ("input_dist", "output_dist", "tail_dist", "loss_sync")
 
 
 def parse_sets(items: list[str]) -> dict:

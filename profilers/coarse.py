@@ -8,6 +8,18 @@ range in the tree but inside it in time. The rest is the evidence the findings n
 self time, device idle time between kernels, launches per step, peak memory, host<->device bytes,
 the share of the step the named phases cover, and the profiler's own overhead, measured against
 the same number of steps run without it just before and just after.
+
+On one rank of a torch.distributed job it also measures how much of the step collectives take: the
+union of their intervals, so that concurrent ones count once. torch.profiler reports them on CUDA as
+NCCL kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, and ``ncclDevKernel_SendRecv`` for an
+all-to-all: device time, seen with torch 2.11 on two H200s), whose host side (``c10d::`` ops,
+``record_param_comms``, ``nccl:`` ranges) only launches them; on the CPU with gloo (torch 2.13) as
+two events each: the ``c10d::`` op on the calling thread (``c10d::allreduce_``,
+``c10d::alltoall_base_``: the call and its enqueue) and a ``gloo:`` range on gloo's worker thread
+(``gloo:all_reduce``, ``gloo:all_to_all``: the exchange itself, recorded as a user annotation). Either
+way the time includes waiting for the peers (an NCCL kernel spins until they arrive), and DDP's
+gradient all-reduces run while backward goes on: the share is of time with communication in flight,
+not only time the step waits for it.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -40,6 +53,8 @@ _BYTES_FIELD = re.compile(r'"bytes"\s*:\s*(\d+)')
 # the phase's own host work, and must not make the phase look host-bound.
 BLOCKING_RUNTIME = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                     "cudaMemcpyAsync", "cudaMemcpy2DAsync")
+COLLECTIVE_KERNEL = "nccl"  # in the name of every NCCL kernel
+COLLECTIVE_HOST = ("c10d::", "gloo:")  # the host events of a collective on the CPU (see the module docstring)
 
 
 # ----------------------------------------------------------------------------- interval helpers
@@ -126,7 +141,7 @@ class _Window:
     """The events of the timed steps, split into phase ranges, host ops and device activity."""
 
     def __init__(self, events: Sequence[Any], phase_names: Sequence[str]):
-        host = [e for e in events if e.device_type == DeviceType.CPU]
+        self.host = host = [e for e in events if e.device_type == DeviceType.CPU]
         steps = [e for e in host if e.name == STEP_RANGE]
         if not steps:
             raise RuntimeError(f"the profiler recorded no {STEP_RANGE!r} range; nothing to analyse")
@@ -199,6 +214,16 @@ class _Window:
 
     def memcpy_bytes(self, direction: str) -> int:
         return sum(memcpy_bytes(e) for e, kind in self.device if kind == "memcpy" and direction in e.name)
+
+    def collective_us(self, on_device: bool) -> float:
+        """Time in the window during which a collective runs (NCCL kernels on a device, else their host
+        events on any thread), overlaps counted once."""
+        if on_device:
+            spans = [e.time_range for e, kind in self.device if COLLECTIVE_KERNEL in e.name.lower()]
+        else:
+            spans = [e.time_range for e in self.host if e.name.startswith(COLLECTIVE_HOST)]
+        return union_length((max(r.start, self.start), min(r.end, self.end)) for r in spans
+                            if r.end > self.start and r.start < self.end)
 
 
 def _trace_memcpy_bytes(prof: Any, trace_path: str | None) -> dict[str, int]:
@@ -314,6 +339,7 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
                                  share=max(host_s - wait_s, dev_s or 0.0) / step_s)
     busy_us = union_length((e.time_range.start, e.time_range.end) for e, _ in window.device)
     all_device_us = window.device_us()
+    comm_s = window.collective_us(on_cuda) / 1e6 / steps if dist.is_available() and dist.is_initialized() else None
     return CoarseProfile(
         device=str(device), time_basis="device" if on_cuda else "cpu", warmup=warmup, steps=steps,
         step_s=step_s, unprofiled_step_s=unprofiled_s / steps, profiler_overhead=profiled_s / unprofiled_s,
@@ -330,5 +356,6 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
         memcpy_d2h_bytes_per_step=(window.memcpy_bytes("DtoH") or copied.get("DtoH", 0)) / steps_in_profiler,
         session_bytes_h2d_per_step=_counter_rate(before, after, "bytes_h2d", steps),
         session_bytes_d2h_per_step=_counter_rate(before, after, "bytes_d2h", steps),
+        comm_s=comm_s, comm_share=None if comm_s is None else min(1.0, comm_s / step_s),
         final_loss=values[-1], trace_path=trace_path,
     )

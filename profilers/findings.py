@@ -29,6 +29,11 @@ BENCHMARKS.md):
   larger, planned or LFU cache halving the misses with embed time proportional to them.
 - memory-/compute-bound kernel (slot median / step, one call per step): 0.8 / roofline fraction,
   at most 10 (a tuned kernel reaches about 80% of the roof it sits under); none above 80%.
+- communication (share of the step with a collective in flight, one rank of a torch.distributed
+  job, from 20%): 1.5, an estimate with no measured figure yet: another sharding plan
+  (embedding_sharding, tail_sharding) moves fewer bytes or evens the ranks' load, but collectives that
+  overlap compute, or wait for a slower peer, do not all go away. Phases of a ranked step that no
+  category names (input_dist, output_dist, loss_sync: mostly collectives) are covered by this finding.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ MANY_LAUNCHES = 100        # kernels per step above which launch overhead is the
 KERNEL_EFFICIENCY = 0.8    # share of the roofline a tuned kernel plausibly reaches
 MAX_KERNEL_HEADROOM = 10.0
 MIN_MISS_RATE = 0.01
+COMM_THRESHOLD = 0.2       # share of the step with collectives in flight above which it is communication-bound
 
 # Phase name -> the category its time is evidence for.
 PHASE_CATEGORIES = {"data": "data-wait", "optimizer": "optimizer", "embed": "embedding-bound",
@@ -127,6 +133,17 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
     return [_finding("launch/host-bound", None, None, evidence, idle, room)]
 
 
+def _comm_finding(coarse: CoarseProfile) -> list[Finding]:
+    share = coarse.comm_share
+    if share is None or share < COMM_THRESHOLD:
+        return []
+    room = Headroom(1.5, "another sharding plan moves fewer bytes or evens the ranks' load; collectives that "
+                         "overlap compute or wait for a slower peer do not all go away")
+    evidence = (f"collectives are in flight {_ms(coarse.comm_s)} of the {_ms(coarse.step_s)} step ({share:.1%}), "
+                f"waiting for peers included.")
+    return [_finding("communication", None, None, evidence, share, room)]
+
+
 def _cache_finding(coarse: CoarseProfile, counters: Mapping[str, float], knobs: Mapping[str, Any]) -> list[Finding]:
     miss_rate = counters.get("miss_rate")
     embed = coarse.phases.get("embed")
@@ -168,7 +185,8 @@ def _finding(category: str, phase: str | None, subject: str | None, evidence: st
 def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],
              knobs: Mapping[str, Any]) -> list[Finding]:
     """Every finding the profiles support, the largest Amdahl gain first."""
-    found = _phase_findings(coarse, knobs) + _launch_finding(coarse) + _cache_finding(coarse, counters, knobs)
+    found = (_phase_findings(coarse, knobs) + _launch_finding(coarse) + _cache_finding(coarse, counters, knobs)
+             + _comm_finding(coarse))
     if fine is not None:
         found += [f for slot in fine.slots if (f := _kernel_finding(slot, coarse.step_s)) is not None]
     return sorted(found, key=lambda f: (-f.amdahl_gain, f.category, f.phase or "", f.subject or ""))

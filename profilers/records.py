@@ -18,7 +18,8 @@ from targets.worker_protocol import RunResult, WorkerRequest
 PROFILE_SCHEMA_VERSION = 1
 
 FindingCategory = Literal["embedding-bound", "tail-gather-bound", "launch/host-bound", "data-wait", "optimizer",
-                          "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss", "backward"]
+                          "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss", "backward",
+                          "communication"]
 
 
 # ----------------------------------------------------------------------------- coarse
@@ -74,8 +75,33 @@ class CoarseProfile(BaseModel):
     session_bytes_h2d_per_step: float | None = Field(
         None, description="the session's own bytes_h2d counter over the profiled steps, if it has one")
     session_bytes_d2h_per_step: float | None = None
+    comm_s: float | None = Field(
+        None, description="time per step during which a collective runs (union of their intervals: NCCL kernels "
+                          "on CUDA, c10d ops and gloo ranges on the CPU; see profilers.coarse); None outside a "
+                          "torch.distributed job")
+    comm_share: float | None = Field(None, description="comm_s / step_s")
     final_loss: float
     trace_path: str | None = None
+
+
+# ----------------------------------------------------------------------------- ranks
+
+class RankProfile(BaseModel):
+    """One rank of a ranked profile in brief; ProfileResult.coarse holds the slowest rank's in full."""
+
+    rank: int
+    step_s: float = Field(description="profiled wall time per step, as CoarseProfile.step_s")
+    unprofiled_step_s: float
+    phase_s: dict[str, float] = Field(description="each phase's time per step: its share x step_s (PhaseTime.share)")
+    comm_s: float | None = None
+    comm_share: float | None = None
+    trace_path: str | None = None
+
+    @classmethod
+    def of(cls, rank: int, coarse: CoarseProfile) -> "RankProfile":
+        return cls(rank=rank, step_s=coarse.step_s, unprofiled_step_s=coarse.unprofiled_step_s,
+                   phase_s={name: p.share * coarse.step_s for name, p in coarse.phases.items()},
+                   comm_s=coarse.comm_s, comm_share=coarse.comm_share, trace_path=coarse.trace_path)
 
 
 # ----------------------------------------------------------------------------- ceilings
@@ -188,7 +214,8 @@ class ProfileRequest(WorkerRequest):
     fine: bool = Field(False, description="also time the kernel slots on the real shapes against the ceilings")
     fine_repeats: int = Field(20, ge=1)
     quick_ceilings: bool = Field(False, description="measure ceilings with small sizes (tests only)")
-    trace: str | None = Field(None, description="write the Chrome trace of the profiled steps here")
+    trace: str | None = Field(None, description="write the Chrome trace of the profiled steps here (on N ranks, "
+                                                "each rank's beside it: trace.rank0.json, ...)")
 
 
 class PhaseFloor(BaseModel):
@@ -228,4 +255,8 @@ class ProfileResult(RunResult):
     floor: StepFloor | None = Field(None, description="the roofline floor, when the target has a work model")
     findings: list[Finding] = Field(default_factory=list, description="ranked, largest Amdahl gain first")
     counters: dict[str, float] = Field(default_factory=dict, description="the session's counters at the end")
+    ranks: list[RankProfile] = Field(default_factory=list, description="a ranked profile: every rank in brief, "
+                                                                       "by rank; empty for one process")
+    main_rank: int | None = Field(None, description="a ranked profile: the rank whose profile coarse, floor, "
+                                                    "findings and counters are (the slowest by profiled step)")
     notes: list[str] = Field(default_factory=list, description="what was skipped and why")

@@ -199,21 +199,25 @@ def profile(
     trace: Optional[str] = typer.Option(None, "--trace", help="write the Chrome/Perfetto trace here"),
     steps: int = typer.Option(10, min=1, help="profiled steps (and as many unprofiled, before and after)"),
     warmup: int = typer.Option(5, min=0, help="untimed steps first"),
-    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT, as_json: bool = JSON_OPT,
+    threads: Optional[int] = THREADS_OPT, ranks: int = RANKS_OPT, timeout: float = TIMEOUT_OPT,
+    as_json: bool = JSON_OPT,
 ) -> None:
-    """Where the step time goes: phases, top ops, kernel slots on the roofline, ranked findings.
+    """Where the step time goes: phases, top ops, kernel slots on the roofline, ranked findings. With --ranks,
+    every rank is profiled: the slowest rank's profile, each rank's phases and its share of collectives.
 
     Example: sg-opt profile --size large --device cuda --fine --trace trace.json
+    Example: sg-opt profile --size tiny --ranks 2
     """
     from profilers.client import run_profile
     from profilers.records import ProfileRequest
     from sg_opt.profile_view import render
 
-    overrides = _inputs(target, size, config, set_, data)
+    overrides = _inputs(target, size, config, set_, data, ranks)
     req = ProfileRequest(target=target, size=size, config=overrides, data=data, device=device, warmup=warmup,
-                         threads=threads, profile_steps=steps, fine=fine,
+                         threads=threads, ranks=ranks, profile_steps=steps, fine=fine,
                          trace=str(Path(trace).resolve()) if trace else None)
-    with console.status(f"profiling {target} @ {size} on {device} ..."):
+    on = f"{ranks} ranks on {device}" if ranks > 1 else device
+    with console.status(f"profiling {target} @ {size} on {on} ..."):
         result = run_profile(req, timeout_s=timeout)
     if as_json:
         print(result.model_dump_json(indent=1))
@@ -249,6 +253,8 @@ def optimize(
     allow_model_changes: bool = typer.Option(False, "--allow-model-changes", help="also try knobs that change "
                                                                                   "the model, judged by quality"),
     threads: Optional[int] = THREADS_OPT, ranks: int = RANKS_OPT,
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs to use: evaluate gpus / ranks candidates at once, "
+                                                      "each with its A/B pair on GPUs of its own (device cuda)"),
     timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
                                                        "(shortened to 8x the baseline's once that is known)"),
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
@@ -276,7 +282,8 @@ def optimize(
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
-                                 threads=threads, ranks=ranks, tier=tier, search=search, tiers_file=tiers,
+                                 threads=threads, ranks=ranks, gpus=gpus, tier=tier, search=search,
+                                 tiers_file=tiers,
                                  base_url=base_url,
                                  model=model, llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters,
                                  max_minutes=max_minutes,
@@ -315,13 +322,19 @@ def gate(
                                                               "the runs' spread with --baseline)"),
     aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
     junit: Optional[str] = typer.Option(None, "--junit", help="write a JUnit XML report here"),
-    threads: Optional[int] = THREADS_OPT, timeout: float = TIMEOUT_OPT,
+    threads: Optional[int] = THREADS_OPT,
+    ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="measure both sides as this many processes "
+                                                                     "of one torch.distributed job, as bench "
+                                                                     "--ranks (default 1; with --baseline, the "
+                                                                     "saved number, and another one is refused)"),
+    timeout: float = TIMEOUT_OPT,
     as_json: bool = typer.Option(False, "--json", help="print the gate's result as JSON"),
 ) -> None:
     """CI regression gate: fail (exit 1) if the working tree is slower beyond --max-regression, with confidence,
     or computes differently; exit 2 on usage or set-up errors. Markdown goes to $GITHUB_STEP_SUMMARY.
 
     Example: sg-opt gate --target haste-rec --size tiny --ref origin/main --junit gate.xml
+    Example: sg-opt gate --baseline base.json --ranks 2
     """
     from sg_opt.gate import GateOptions, gate_against_baseline, gate_against_ref
     from sg_opt.gate_report import render, write_reports
@@ -341,11 +354,12 @@ def gate(
                 if config or set_ or data:
                     raise ConfigError("--baseline runs the saved target, size and config; drop --config, --set "
                                       "and --data")
-                result = gate_against_baseline(baseline, options, status.update)
+                result = gate_against_baseline(baseline, options, status.update, ranks)
             else:
-                overrides = _inputs(target, size, config, set_, data)
+                overrides = _inputs(target, size, config, set_, data, ranks or 1)
                 spec = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device,
-                                     warmup=warmup, threads=threads, data=str(Path(data).resolve()) if data else None)
+                                     warmup=warmup, threads=threads, ranks=ranks or 1,
+                                     data=str(Path(data).resolve()) if data else None)
                 result = gate_against_ref(spec, ref, options, status.update)
         except ConfigError as exc:
             fail(str(exc))

@@ -30,9 +30,13 @@ is not clear of the floor passes, with a warning; so does any run whose floor ex
 ``validators.numerics.compare`` against A's under ``--numerics-class`` (default ``reorder``: same math,
 any float association); a non-finite value always fails.
 
+**Ranks**: ``--ranks N`` runs every worker of the gate as an N-rank torch.distributed job (the step
+time is then each step's slowest rank, see ``targets.rank_worker``). A saved baseline holds the ranks
+it was measured with and runs on them again; a gate that asks for another number is refused.
+
 Exit codes: 0 both pass; 1 a regression, a numerics failure, or the working tree's workload failing;
 2 usage or set-up errors (bad REV, not a git repository, the target not running at REV, a baseline
-from another device), reported in one sentence.
+from another device or number of ranks), reported in one sentence.
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ class GateResult(BaseModel):
     size: str
     config: dict[str, Any]
     device: str
+    ranks: int = Field(1, description="the processes of the torch.distributed job each side ran as (1: none)")
     a_label: str
     b_label: str
     rule: str = RULE
@@ -178,8 +183,8 @@ def _result(mode: str, spec: WorkerRequest, a_label: str, b_label: str, step: St
             warnings: list[str], start: float, **extra: Any) -> GateResult:
     passed = step.passed and numerics.passed
     return GateResult(mode=mode, passed=passed, exit_code=0 if passed else 1, target=spec.target, size=spec.size,
-                      config=spec.config, device=spec.device, a_label=a_label, b_label=b_label, step_time=step,
-                      numerics=numerics, warnings=warnings, wall_s=time.monotonic() - start, **extra)
+                      config=spec.config, device=spec.device, ranks=spec.ranks, a_label=a_label, b_label=b_label,
+                      step_time=step, numerics=numerics, warnings=warnings, wall_s=time.monotonic() - start, **extra)
 
 
 # -- git -------------------------------------------------------------------------------------------
@@ -293,14 +298,18 @@ def _unpaired_step_time(saved: saved_baseline.SavedBaseline, current_s: list[lis
     return judge_step_time(ratio, low, high, floor, source, options.max_regression, *medians)
 
 
-def gate_against_baseline(path: str, options: GateOptions, progress: Progress = lambda _: None) -> GateResult:
-    """Side A = the figures saved in ``path``, side B = the saved request run again on the working tree."""
+def gate_against_baseline(path: str, options: GateOptions, progress: Progress = lambda _: None,
+                          ranks: int | None = None) -> GateResult:
+    """Side A = the figures saved in ``path``, side B = the saved request run again on the working tree, on
+    the saved number of ranks (``ranks``, when given, must be that number)."""
     start, saved, host = time.monotonic(), saved_baseline.load(path), saved_baseline.host_info()
     spec = saved.request
     a_label = f"baseline {Path(path).name} ({saved.created}{', ' + saved.commit[:12] if saved.commit else ''})"
     b_label = _working_tree_label(Path.cwd())
-    if mismatch := saved_baseline.machine_mismatch(saved, _this_cpu(saved), host):
-        raise GateSetupError(mismatch)
+    for mismatch in (saved_baseline.ranks_mismatch(saved, ranks),
+                     saved_baseline.machine_mismatch(saved, _this_cpu(saved), host)):
+        if mismatch:
+            raise GateSetupError(mismatch)
     progress(f"timing the working tree ({len(saved.step_s)} runs of {spec.steps} steps, as saved) ...")
     runs = saved_baseline.more_runs(spec, [], len(saved.step_s), options.timeout_s)
     bench = runs[-1]

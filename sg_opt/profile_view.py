@@ -1,4 +1,5 @@
-"""`sg-opt profile`: the phase table, top ops, kernel slots on the roofline, and ranked findings."""
+"""`sg-opt profile`: the phase table, top ops, kernel slots on the roofline, and ranked findings; for a
+ranked profile, each rank's phases and share of collectives beside the slowest rank's full profile."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profilers.floor import floor_sentence
-from profilers.records import ProfileResult, StepFloor
+from profilers.records import ProfileResult, RankProfile, StepFloor
 from sg_opt.report import over_floor_text
 
 
@@ -25,12 +26,40 @@ def _render_floor(floor: StepFloor, console: Console) -> None:
     console.print(floor_sentence(floor))
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def _render_ranks(ranks: list[RankProfile], main_rank: int | None, console: Console) -> None:
+    """One column per rank: its step, each phase's time and its collectives, the slowest rank marked."""
+    table = Table(title="ranks (ms per step; * the slowest, whose profile is shown above and below)")
+    table.add_column("", justify="left")
+    for r in ranks:
+        table.add_column(f"rank {r.rank}{' *' if r.rank == main_rank else ''}", justify="right")
+    table.add_row("step", *(_ms(r.step_s) for r in ranks))
+    table.add_row("step, unprofiled", *(_ms(r.unprofiled_step_s) for r in ranks))
+    table.add_section()
+    for phase in dict.fromkeys(name for r in ranks for name in r.phase_s):
+        table.add_row(phase, *(_ms(r.phase_s.get(phase)) for r in ranks))
+    table.add_section()
+    table.add_row("collectives in flight", *(_ms(r.comm_s) for r in ranks))
+    table.add_row("share of the step", *(_percent(r.comm_share) for r in ranks))
+    console.print(table)
+
+
 def render(result: ProfileResult, console: Console) -> None:
     coarse, env = result.coarse, result.environment
-    console.print(f"[bold]{result.target} @ {result.size}[/] on {env.device} ({env.device_name}): "
+    where = f"{env.device} ({env.device_name})"
+    if result.ranks:
+        where = f"{len(result.ranks)} ranks on {where}, slowest rank {result.main_rank}"
+    comm = "" if coarse.comm_share is None else \
+        f"; collectives in flight {_percent(coarse.comm_share)} of the step"
+    console.print(f"[bold]{result.target} @ {result.size}[/] on {where}: "
                   f"{_ms(coarse.step_s)} ms per profiled step, {_ms(coarse.unprofiled_step_s)} ms without the "
                   f"profiler (overhead x{coarse.profiler_overhead:.2f}); {100 * coarse.attributed_share:.1f}% of "
-                  f"the step in named phases")
+                  f"the step in named phases{comm}")
+    if result.ranks:
+        _render_ranks(result.ranks, result.main_rank, console)
     phases = Table(title="phases (per step)")
     for col in ("phase", "host ms", "of it waiting", "device ms", "share"):
         phases.add_column(col, justify="right" if col != "phase" else "left")

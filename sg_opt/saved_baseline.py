@@ -18,8 +18,9 @@ runs of a 30 ms step had medians 27.3 to 32.7 ms (20% apart), while each run's o
   its block medians (the medians of ``SPREAD_BLOCKS`` consecutive quarters of each run), relative to
   their median: how far a side's processes and quarters wandered is how far another run may land.
 * **Different machines are refused.** Figures from another device kind, device name or (on the CPU)
-  CPU model are not comparable: ``machine_mismatch`` names the difference in one sentence. A different
-  torch version or thread count is only warned about (they are what a gate may be asked to judge).
+  CPU model are not comparable: ``machine_mismatch`` names the difference in one sentence; so are
+  figures of a job on another number of ranks (``ranks_mismatch``). A different torch version or
+  thread count is only warned about (they are what a gate may be asked to judge).
 
 The file is versioned JSON (``BASELINE_SCHEMA_VERSION``) holding the bench request, the step-time
 samples, their block medians, the numerics fingerprint, the environment and the host's CPU.
@@ -59,13 +60,19 @@ class SavedBaseline(BaseModel):
     kind: Literal["sg-opt-baseline"] = "sg-opt-baseline"
     created: str = Field(description="when it was measured, ISO 8601 local time")
     commit: str | None = Field(None, description="git HEAD of the working directory, '+dirty' if it had changes")
-    request: WorkerRequest = Field(description="the bench request; a gate re-runs exactly this")
+    request: WorkerRequest = Field(description="the bench request; a gate re-runs exactly this, on as many "
+                                               "ranks as it was measured with (its ranks)")
     numerics_steps: int
     environment: Environment
     host: HostInfo
     step_s: list[list[float]] = Field(description="per-step seconds of the timed steps, one list per fresh process")
     block_medians: list[float] = Field(description=f"medians of the {SPREAD_BLOCKS} consecutive blocks of each run")
     numerics: NumericsData
+
+    @property
+    def ranks(self) -> int:
+        """The processes of the torch.distributed job the figures were measured on (1: no job)."""
+        return self.request.ranks
 
 
 class SaveFailed(RuntimeError):
@@ -194,6 +201,19 @@ def machine_mismatch(saved: SavedBaseline, env: Environment | None, host: HostIn
         return (f"the baseline was measured on the CPU {saved.host.cpu_model!r} and this machine's is "
                 f"{host.cpu_model!r}, which cannot be compared")
     return None
+
+
+def ranks_mismatch(saved: SavedBaseline, ranks: int | None) -> str | None:
+    """One sentence if a gate asked for ``ranks`` (None: as saved) cannot use figures of ``saved``, else None:
+    a job on another number of ranks has another step."""
+    if ranks is None or ranks == saved.ranks:
+        return None
+    return (f"the baseline was measured on {_ranks_text(saved.ranks)} and this gate asks for {_ranks_text(ranks)}, "
+            f"which cannot be compared: save a baseline with sg-opt bench --ranks {ranks} --save FILE")
+
+
+def _ranks_text(ranks: int) -> str:
+    return f"{ranks} rank{'s' if ranks != 1 else ''}"
 
 
 def environment_warnings(saved: SavedBaseline, env: Environment, host: HostInfo) -> list[str]:

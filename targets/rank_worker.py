@@ -14,7 +14,9 @@ measurement as the single-process worker (``targets.worker.measure``). Then:
 
 Rank 0 writes the result. A rank that fails writes its own failure, unless another rank's is there
 first, and exits with status RANK_FAILED_EXIT, so that torchrun stops the job instead of leaving its
-peers waiting (and the caller can tell it from a rank that crashed without a word).
+peers waiting (and the caller can tell it from a rank that crashed without a word). That protocol
+(``serve_rank``) and joining the job (``join_job``) serve the ranked profiler too
+(``profilers.rank_worker``).
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel
 
 from targets.ranks import RankContext, join, leave
 from targets.worker import failure_of, measure, write_result
 from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT
-from targets.worker_protocol import BenchData, WorkerRequest, WorkerResult
+from targets.worker_protocol import BenchData, Failure, WorkerRequest, WorkerResult
+
+Q = TypeVar("Q", bound=WorkerRequest)
+R = TypeVar("R", bound=BaseModel)
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0  # when started by hand; run_worker passes its time limit
 
@@ -74,7 +81,7 @@ def run_rank(req: WorkerRequest) -> WorkerResult | None:
     return result if job.rank == 0 else None
 
 
-def write_first(path: str, result: WorkerResult) -> None:
+def write_first(path: str, result: BaseModel) -> None:
     """Write a failure unless another rank's is there already: the first to fail is the cause, the others
     mostly fail because of it (a peer that closed its connections)."""
     tmp = Path(f"{path}.rank{os.environ.get('RANK', '0')}.tmp")
@@ -87,26 +94,42 @@ def write_first(path: str, result: WorkerResult) -> None:
         tmp.unlink()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m targets.rank_worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--request", required=True, help="JSON file holding a WorkerRequest")
+def rank_failure(exc: BaseException, ranks: int) -> Failure:
+    """The structured failure of this rank, naming it unless it is a config error (which reads the same on
+    every rank)."""
+    failure = failure_of(exc)
+    if failure.kind != "config":
+        failure.message = f"rank {os.environ.get('RANK', '?')} of {ranks}: {failure.message}"
+    return failure
+
+
+def serve_rank(prog: str, request_type: type[Q], run: Callable[[Q], R | None],
+               failed: Callable[[Q, Failure], R], argv: list[str] | None) -> int:
+    """The command line every rank entry point shares (this module, ``profilers.rank_worker``): read
+    --request, ``run`` this rank's part; rank 0's non-None result is written to --result. A rank whose
+    ``run`` raises writes ``failed(request, failure)`` first (``write_first``) and exits with
+    RANK_FAILED_EXIT at once."""
+    parser = argparse.ArgumentParser(prog=prog, description="runs one rank of a request under torchrun")
+    parser.add_argument("--request", required=True, help=f"JSON file holding a {request_type.__name__}")
     parser.add_argument("--result", required=True, help="where rank 0 writes the result JSON")
     args = parser.parse_args(argv)
-    req = WorkerRequest.model_validate_json(Path(args.request).read_text())
+    req = request_type.model_validate_json(Path(args.request).read_text())
     try:
-        result = run_rank(req)
+        result = run(req)
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
-        failure = failure_of(exc)
-        if failure.kind != "config":  # a config error reads the same on every rank
-            failure.message = f"rank {os.environ.get('RANK', '?')} of {req.ranks}: {failure.message}"
-        write_first(args.result, WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
-                                              failure=failure))
+        write_first(args.result, failed(req, rank_failure(exc, req.ranks)))
         sys.stderr.flush()
         os._exit(RANK_FAILED_EXIT)  # no clean-up: a process group with a failed peer may block in its destructor
     leave()
     if result is not None:
         write_result(args.result, result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve_rank("python -m targets.rank_worker", WorkerRequest, run_rank,
+                      lambda req, failure: WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
+                                                        failure=failure), argv)
 
 
 if __name__ == "__main__":

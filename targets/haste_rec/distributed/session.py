@@ -12,7 +12,10 @@ A step, on every rank (W ranks, global batch B, rank r holding samples [lo_r, hi
   optimizer   Adam (encoder) and SGD (output) on identical summed gradients on every rank; row-wise
               Adagrad by each owner on its rows; rewiring, identical on every rank
   loss_sync   all-reduce of the loss shares: the global loss, the single-process loss
-That is tail_sharding replicated. Under label-groups (``sharded_tail.py``) each rank owns whole tail
+That is embedding_sharding table-wise. Under row-wise (``sharded_embeddings.RowWiseEmbeddings``) every
+rank owns a block of rows of every table: input_dist sends each id to its row's owner, embed pools
+partial sums over the owned rows, output_dist sums them over the owners (a reduce-scatter as an
+all-to-all). And it is tail_sharding replicated. Under label-groups (``sharded_tail.py``) each rank owns whole tail
 groups, outside DDP, and the dense and loss phases change:
   dense       encoder and head on this rank's samples (DDP replica); tail_dist all-gathers h (and the
               batch's tail positives) to the global batch, tail computes the owned groups' logits of it
