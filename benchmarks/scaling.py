@@ -138,10 +138,10 @@ def main() -> None:
                     row["numerics"] = numerics(args.numerics_size, config, args)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k not in ("counters", "profile")}), flush=True)
+                if args.out:  # after every row: a run cut short keeps what it measured
+                    with open(args.out, "w") as f:
+                        json.dump(rows, f, indent=1)
     print(table(rows))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

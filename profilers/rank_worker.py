@@ -9,8 +9,9 @@ the job and builds its session as the ranked bench worker does (``targets.rank_w
 (``profilers.coarse.profile_session``: the ranks profile the same steps at once, collectives included).
 The ranks' profiles are gathered to rank 0, which writes one ProfileResult:
 
-* its main profile (coarse, floor, counters, findings) is the SLOWEST rank's by profiled step time,
-  since a synchronous job goes at that rank's pace; ``main_rank`` says which;
+* its main profile (coarse, floor, counters, findings) is the SLOWEST rank's: the one with the most
+  step time outside collectives (the others wait for it in one), since a synchronous job goes at that
+  rank's pace; ``main_rank`` says which;
 * ``ranks`` holds every rank in brief: step time, each phase's time, and the share of the step that
   collectives take (``CoarseProfile.comm_share``);
 * the fine profile, when asked, stays single-process: once the job is over, rank 0 times the kernel
@@ -69,8 +70,13 @@ def profile_rank(req: ProfileRequest, job: RankContext) -> RankOutcome:
 
 
 def slowest(outcomes: list[RankOutcome]) -> int:
-    """The rank with the longest profiled step (the lowest rank among equals)."""
-    return max(range(len(outcomes)), key=lambda rank: (outcomes[rank].coarse.step_s, -rank))
+    """The rank that holds the job up: the most step time outside collectives (every rank's step ends at the
+    same collective, so step times tie; the others' extra time is spent waiting in one). Then the longest
+    step, then the lowest rank."""
+    def busy(rank: int) -> tuple[float, float, int]:
+        coarse = outcomes[rank].coarse
+        return coarse.step_s - (coarse.comm_s or 0.0), coarse.step_s, -rank
+    return max(range(len(outcomes)), key=busy)
 
 
 def single_process_fine(req: ProfileRequest, device: torch.device, result: ProfileResult) -> None:
