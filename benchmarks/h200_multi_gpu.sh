@@ -4,7 +4,7 @@
 #                 with the 2-rank numerics check (size small) and a ranked profile of each 2-rank run;
 #   PART=agent    `sg-opt optimize` at AGENT_SIZE with --gpus 1, then --gpus 2, same candidate budget:
 #                 the agent's wall time for both, run dirs tarred.
-# Usage: OUT=/dir PART=scaling SIZES="large" bash benchmarks/h200_multi_gpu.sh
+# Usage: OUT=/dir PART="scaling agent" SIZES="large" bash benchmarks/h200_multi_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; PART=${PART:-scaling}; SIZES=${SIZES:-large}
 TUNED=${TUNED:-"--set embedding_grad_mode=fused --set tail_backend=slots"}
@@ -18,12 +18,13 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4
 python3 -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 
-if [ "$PART" = scaling ]; then
+SCALING_FLAGS=${SCALING_FLAGS:---numerics --profile}; AGENT_TIMEOUT=${AGENT_TIMEOUT:-$((AGENT_MINUTES * 60 + 200))}
+if [[ " $PART " == *" scaling "* ]]; then
     for size in $SIZES; do
         echo "== $(date -u +%FT%TZ) scaling $size tuned ($TUNED)"
         # shellcheck disable=SC2086
-        python3 benchmarks/scaling.py --sizes "$size" --ranks 1 2 --plans $PLANS $TUNED --numerics \
-            --profile --steps 30 --out "$OUT/scaling_${size}_tuned.json" 2>&1 | tee "$OUT/scaling_${size}_tuned.log" | tail -12
+        python3 benchmarks/scaling.py --sizes "$size" --ranks 1 2 --plans $PLANS $TUNED $SCALING_FLAGS \
+            --steps 30 --out "$OUT/scaling_${size}_tuned.json" 2>&1 | tee "$OUT/scaling_${size}_tuned.log" | tail -12
         if [ -n "${BASELINE_TOO:-}" ]; then
             echo "== $(date -u +%FT%TZ) scaling $size baseline config"
             python3 benchmarks/scaling.py --sizes "$size" --ranks 1 2 --plans table-wise/replicated --steps 20 \
@@ -32,12 +33,12 @@ if [ "$PART" = scaling ]; then
     done
 fi
 
-if [ "$PART" = agent ]; then
+if [[ " $PART " == *" agent "* ]]; then
     for gpus in 1 2; do
         runs="$OUT/agent_gpus$gpus"; mkdir -p "$runs"
         echo "== $(date -u +%FT%TZ) sg-opt optimize --size $AGENT_SIZE --gpus $gpus --max-iters $AGENT_ITERS"
         start=$SECONDS
-        timeout $((AGENT_MINUTES * 60 + 200)) python3 -m sg_opt.cli optimize --target haste-rec --size "$AGENT_SIZE" \
+        timeout "$AGENT_TIMEOUT" python3 -m sg_opt.cli optimize --target haste-rec --size "$AGENT_SIZE" \
             --device cuda --gpus "$gpus" --max-iters "$AGENT_ITERS" --max-minutes "$AGENT_MINUTES" --out "$runs" \
             --json > "$runs.json" 2> "$runs.err"
         echo "rc $? wall $((SECONDS - start)) s"
