@@ -110,6 +110,8 @@ def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
         (["--tiers", str(tmp_path / "missing.toml")], "missing.toml"),
         (["--tier", "normal", "--base-url", "http://127.0.0.1:9/v1"], "is unreachable"),
         (["--config", str(bad_toml)], "not valid TOML"),
+        (["--gpus", "2"], "--gpus 2 evaluates candidates on separate GPUs: it needs --device cuda"),
+        (["--gpus", "3", "--ranks", "2", "--device", "cuda"], "must be a multiple of --ranks 2"),
     ]
     for args, words in cases:
         result = CliRunner().invoke(app, ["optimize", "--out", str(tmp_path / "runs"), *args])
