@@ -1,6 +1,6 @@
 """Runs the profiling worker in a subprocess and always returns a ProfileResult.
 
-The child is started by ``targets.worker_client.run_child``, like every sg-opt worker: a scrubbed
+The child is started by ``targets.worker_client.run_one_or_ranked``, like every sg-opt worker: a scrubbed
 environment (no keys or tokens), its own process group and a time limit; a hang is killed with its
 whole group and reported as ``timeout``, a crash as ``crash`` with the tail of its stderr. A request on
 several ranks is started under torchrun (``profilers.rank_worker``) as ``run_worker`` starts a ranked
@@ -10,7 +10,7 @@ worker: the same launcher, collective timeout and naming of a rank that died.
 from __future__ import annotations
 
 from profilers.records import ProfileRequest, ProfileResult
-from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, lost_rank, run_child, torchrun
+from targets.worker_client import run_one_or_ranked
 from targets.worker_protocol import Failure
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -24,8 +24,5 @@ def run_profile(req: ProfileRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
         return ProfileResult(ok=False, target=req.target, size=req.size,
                              failure=Failure(kind=kind, message=message, detail=detail))
 
-    if req.ranks == 1:
-        return run_child("profilers.worker", req, ProfileResult, timeout_s, failed, env, what="profiler")
-    return run_child("profilers.rank_worker", req, ProfileResult, timeout_s, failed,
-                     {COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}", **(env or {})}, what=f"{req.ranks}-rank profiler",
-                     launcher=torchrun(req.ranks), lost=lost_rank)
+    return run_one_or_ranked(("profilers.worker", "profilers.rank_worker"), req, ProfileResult, timeout_s, failed,
+                             env, what="profiler")

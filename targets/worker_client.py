@@ -182,8 +182,17 @@ def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str]
         return WorkerResult(ok=False, mode=req.mode, target=req.target, size=req.size,
                             failure=Failure(kind=kind, message=message, detail=detail))
 
+    return run_one_or_ranked(("targets.worker", "targets.rank_worker"), req, WorkerResult, timeout_s, failed, env,
+                             cwd, what="worker")
+
+
+def run_one_or_ranked(modules: tuple[str, str], req: WorkerRequest, result_type: type[R], timeout_s: float,
+                      failed: Callable[[str, str, str], R], env: dict[str, str] | None = None,
+                      cwd: str | None = None, what: str = "worker") -> R:
+    """``run_child`` of modules[0] for a one-process request, or of modules[1] as ``req.ranks`` processes under
+    torchrun, with the time limit as the ranks' collective timeout and a rank that died named."""
     if req.ranks == 1:
-        return run_child("targets.worker", req, WorkerResult, timeout_s, failed, env, cwd=cwd)
-    return run_child("targets.rank_worker", req, WorkerResult, timeout_s, failed,
-                     {COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}", **(env or {})}, what=f"{req.ranks}-rank worker",
+        return run_child(modules[0], req, result_type, timeout_s, failed, env, what=what, cwd=cwd)
+    return run_child(modules[1], req, result_type, timeout_s, failed,
+                     {COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}", **(env or {})}, what=f"{req.ranks}-rank {what}",
                      cwd=cwd, launcher=torchrun(req.ranks), lost=lost_rank)
