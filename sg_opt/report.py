@@ -192,7 +192,8 @@ def report_markdown(s: Summary) -> str:
         lines.append(f"| {c.id} | {c.kind} | {c.change} | {c.proposer} | {verdict} | "
                      f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {c.reason.replace('|', '/')} |")
     env = dict(machine_rows(s.environment))
-    for paragraph in (_phase_line(s), None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
+    ranks = [f"Ranks ({p.label}): {p.ranks_note}." for p in s.phases if p.ranks_note][-1:]
+    for paragraph in (_phase_line(s), *ranks, None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
         lines += ["", paragraph] if paragraph else []
     if floor := floor_lines(s):
         lines += [""] + floor

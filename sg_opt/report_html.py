@@ -124,7 +124,8 @@ def _phases(s: Summary) -> str:
                           "profiled step time); 'other' is time outside every phase.",
                           "no profile of this run has a coarse section."),
                    table(["profile", "file", "step ms", "unprofiled ms", *names, "other"], rows,
-                         numeric=tuple(range(2, len(names) + 5))) if rows else "")
+                         numeric=tuple(range(2, len(names) + 5))) if rows else "",
+                   "".join(f"<p>{escape(p.label)}: {escape(p.ranks_note)}.</p>" for p in s.phases if p.ranks_note))
 
 
 def _floor(s: Summary) -> str:

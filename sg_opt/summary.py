@@ -92,6 +92,8 @@ class PhaseBreakdown(BaseModel):
     floor_bound: dict[str, str] = Field(default_factory=dict, description="phase -> compute, memory, bus or none")
     floor_step_ms: float | None = Field(None, description="the step's floor: the sum of the phases' floors")
     floor_note: str | None = Field(None, description="the step against its floor, and the phase furthest from it")
+    ranks_note: str | None = Field(None, description="a profile of several ranks: whose profile this is, and each "
+                                                     "rank's share of the step in collectives")
 
 
 class RooflinePoint(BaseModel):
@@ -266,6 +268,15 @@ def _profiles(state: RunState, run_dir: Path, notes: list[str]) -> list[tuple[st
     return out
 
 
+def ranks_sentence(result: ProfileResult) -> str | None:
+    """Whose profile a ranked profile shows, and each rank's time in collectives (None for one process)."""
+    if len(result.ranks) < 2:
+        return None
+    shares = " / ".join("-" if r.comm_share is None else f"{100 * r.comm_share:.1f}%" for r in result.ranks)
+    return (f"{len(result.ranks)} ranks; the phases are rank {result.main_rank}'s (the most step time outside "
+            f"collectives); collectives in flight, waits included, per rank: {shares} of the step")
+
+
 def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> list[PhaseBreakdown]:
     rows = []
     for label, path, result in profiles:
@@ -280,7 +291,8 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
             "floor_step_ms": 1e3 * floor.floor_s, "floor_note": floor_sentence(floor)}
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
                                    unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases,
-                                   other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0), **floors))
+                                   other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0),
+                                   ranks_note=ranks_sentence(result), **floors))
     return rows
 
 

@@ -150,3 +150,15 @@ def test_bad_run_directories_are_one_sentence_and_exit_2(case, tmp_path):
 def test_help_shows_an_example():
     done = invoke("report", "--help")
     assert done.exit_code == 0 and "Example: sg-opt report runs/" in done.stdout
+
+
+def test_a_ranked_profile_says_whose_phases_these_are_and_each_ranks_collective_share():
+    from profilers.records import ProfileResult, RankProfile
+    from sg_opt.summary import ranks_sentence
+
+    ranks = [RankProfile(rank=r, step_s=0.04, unprofiled_step_s=0.03, phase_s={}, comm_s=c, comm_share=c / 0.04)
+             for r, c in ((0, 0.002), (1, 0.006))]
+    result = ProfileResult(ok=True, target="haste-rec", size="tiny", ranks=ranks, main_rank=0)
+    assert ranks_sentence(result) == ("2 ranks; the phases are rank 0's (the most step time outside collectives); "
+                                      "collectives in flight, waits included, per rank: 5.0% / 15.0% of the step")
+    assert ranks_sentence(ProfileResult(ok=True, target="haste-rec", size="tiny")) is None
