@@ -33,6 +33,7 @@ def markdown(result: GateResult) -> str:
     step, numerics = result.step_time, result.numerics
     lines = [f"## sg-opt gate: {'passed' if result.passed else 'FAILED'}", "",
              f"`{result.target}` @ `{result.size}` on `{result.device}`"
+             f"{f' x {result.ranks} ranks (each step the slowest rank)' if result.ranks > 1 else ''}"
              f"{', config ' + ', '.join(f'`{k}={v}`' for k, v in result.config.items()) if result.config else ''}",
              "", f"- A: {result.a_label}", f"- B: {result.b_label}", "",
              "| check | result | figures | detail |", "|---|---|---|---|",

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from sg_opt import saved_baseline
 from sg_opt.cli import app
+from sg_opt.gate import GateResult
+from sg_opt.gate_report import markdown
 from targets.worker import environment
 from targets.worker_protocol import NumericsData, WorkerRequest
 from tests.sg_opt.test_gate import repo, worktrees  # noqa: F401 (the git repository fixture)
@@ -28,6 +30,7 @@ def test_a_gate_on_two_ranks_runs_both_sides_on_two_ranks(repo):  # noqa: F811
     assert report["passed"] and report["ranks"] == 2 and report["environment"]["ranks"] == 2
     assert report["ab"]["a"]["spec"]["ranks"] == report["ab"]["b"]["spec"]["ranks"] == 2
     assert report["numerics"]["passed"] and report["step_time"]["ratio"] > 0
+    assert "on `cpu` x 2 ranks (each step the slowest rank)" in markdown(GateResult.model_validate(report))
     assert worktrees(repo) == 1
 
 
