@@ -3,7 +3,8 @@
 For each size, config and sharding plan, one `sg-opt` bench worker per number of ranks (the ranked one
 under torchrun, NCCL on GPUs): the step time is each step's SLOWEST rank, the throughput per GPU is
 global batch / step time / ranks, and the exchange share is the synchronised phase times of the
-collectives (input_dist, output_dist, tail_dist, loss_sync: waits for the slowest rank included) over the step's phase total.
+collectives (input_dist, output_dist, tail_dist, loss_sync: waits for the slowest rank included) over
+the step's phase total.
 The backward's reverse exchanges run inside "backward"; a ranked profile (``--profile``) gives their
 share as NCCL kernel time. With ``--numerics`` each plan's 2-rank training is also checked against the
 single-process trajectory within the reorder class (at ``--numerics-size``).

@@ -210,10 +210,23 @@ class RowWiseOutputDist:
         return recv.view(owners, n, self.width).sum(dim=0)
 
 
-def gather_rows(local: torch.Tensor, counts: list[int], group: Any = None) -> torch.Tensor:
-    """Every rank's rows of a tensor, concatenated in rank order (counts may differ: padded to the largest)."""
-    padded = local.new_zeros(max(counts), *local.shape[1:])
-    padded[:local.shape[0]] = local
+def padded_to(local: torch.Tensor, largest: int, dim: int) -> torch.Tensor:
+    """`local` zero-padded along `dim` to `largest` (gloo exchanges equal shapes only)."""
+    if local.shape[dim] == largest:
+        return local.contiguous()
+    shape = list(local.shape)
+    shape[dim] = largest
+    padded = local.new_zeros(shape)
+    padded.narrow(dim, 0, local.shape[dim]).copy_(local)
+    return padded
+
+
+def all_gather_padded(local: torch.Tensor, counts: list[int], group: Any = None, dim: int = 0) -> torch.Tensor:
+    """Every rank's `local` concatenated along `dim` in rank order; counts[r] is rank r's size along `dim`."""
+    largest = max(counts)
+    if largest == 0:  # the same on every rank: no collective anywhere
+        return local
+    padded = padded_to(local, largest, dim)
     parts = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(parts, padded, group=group)
-    return torch.cat([part[:count] for part, count in zip(parts, counts)])
+    return torch.cat([part.narrow(dim, 0, count) for part, count in zip(parts, counts)], dim)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.distributed.dense import build_tower, data_parallel
-from targets.haste_rec.distributed.exchange import gather_rows
+from targets.haste_rec.distributed.exchange import all_gather_padded
 from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, sample_counts
 from targets.haste_rec.distributed.process_group import RankContext
 from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings,
@@ -172,9 +172,9 @@ class ShardedSession:
         with self._cast_context():
             logits = self.model(self.embeddings(mine, counts), mine.dense, counts)
         if self.tail is None:
-            return gather_rows(logits.float(), counts)
+            return all_gather_padded(logits.float(), counts)
         head, tail = logits
-        return torch.cat([gather_rows(head.float(), counts), self.tail.all_columns(self.model.output, tail.float())],
+        return torch.cat([all_gather_padded(head.float(), counts), self.tail.all_columns(self.model.output, tail.float())],
                          dim=1)
 
     def param_digest(self) -> dict[str, Any]:

@@ -31,36 +31,15 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
+from targets.haste_rec.distributed.exchange import all_gather_padded, padded_to
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.haste import HasteOutput
-
-
-def _padded(local: torch.Tensor, largest: int, dim: int) -> torch.Tensor:
-    """`local` zero-padded along `dim` to `largest` (gloo exchanges equal shapes only)."""
-    if local.shape[dim] == largest:
-        return local.contiguous()
-    shape = list(local.shape)
-    shape[dim] = largest
-    padded = local.new_zeros(shape)
-    padded.narrow(dim, 0, local.shape[dim]).copy_(local)
-    return padded
-
-
-def all_gather_padded(local: torch.Tensor, counts: list[int], group: Any, dim: int = 0) -> torch.Tensor:
-    """Every rank's `local` concatenated along `dim` in rank order; counts[r] is rank r's size along `dim`."""
-    largest = max(counts)
-    if largest == 0:  # the same on every rank: no collective anywhere
-        return local
-    padded = _padded(local, largest, dim)
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([part.narrow(dim, 0, count) for part, count in zip(parts, counts)], dim)
 
 
 def reduce_scatter_rows(full: torch.Tensor, counts: list[int], rank: int, group: Any) -> torch.Tensor:
     """The sum over the ranks of `full` [sum(counts), ...], of which this rank gets its counts[rank] rows."""
     largest = max(counts)
-    blocks = [_padded(chunk, largest, 0) for chunk in full.split(counts)]
+    blocks = [padded_to(chunk, largest, 0) for chunk in full.split(counts)]
     mine = full.new_empty(largest, *full.shape[1:])
     dist.reduce_scatter(mine, blocks, group=group)
     return mine[:counts[rank]]
