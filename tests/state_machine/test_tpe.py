@@ -101,6 +101,13 @@ def test_proposals_are_new_valid_patches_against_the_incumbent(state, ctx):
         state = evaluated(state, cid, proposal.patch, "measure", ratio=1.0)
 
 
+def test_a_batch_for_several_gpus_holds_distinct_new_samples(state, ctx):
+    state = evaluated(state, 1, {"workers": 2}, "measure", ratio=0.5, accepted=True)
+    batch = propose_tpe(state, ctx, limit=3)
+    digests = {config_digest(SPACE.resolve({**state.incumbent.config, **p.patch}), {}) for p in batch}
+    assert len(batch) == 3 and len(digests) == 3 and state.history[0].digest not in digests
+
+
 def test_the_same_history_gives_the_same_proposal(state, ctx):
     state = evaluated(state, 1, {"pin": True, "workers": 1}, "validate")
     assert propose_tpe(state, ctx) == propose_tpe(state, ctx)
