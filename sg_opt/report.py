@@ -87,7 +87,7 @@ def machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
 
 def status_line(s: Summary) -> str:
     stop = s.stop_reason or "the run did not finish (no report node ran): this is its state at the last checkpoint"
-    lanes = f" ({s.gpus} GPUs, candidates evaluated concurrently)" if s.gpus > 1 else ""
+    lanes = f" ({s.gpus} GPUs; {s.lanes_note or 'candidates evaluated at once'})" if s.gpus > 1 else ""
     return f"{s.target} @ {s.size} on {s.device}{lanes}, tier {s.tier}. Stopped: {stop}."
 
 

@@ -148,6 +148,7 @@ class Summary(BaseModel):
     wall_s: float
     environment: dict[str, Any] = Field(default_factory=dict)
     gpus: int = Field(1, description="GPUs of the run (--gpus): gpus / ranks candidates were evaluated at once")
+    lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
     notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
 
 
@@ -331,4 +332,5 @@ def build_summary(state: RunState) -> Summary:
                    candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
                    roofline=_roofline(profiles), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
-                   environment=baseline.environment if baseline else {}, gpus=state.gpus, notes=notes)
+                   environment=baseline.environment if baseline else {}, gpus=state.gpus,
+                   lanes_note=state.plan.lanes_note, notes=notes)

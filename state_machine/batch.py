@@ -5,7 +5,9 @@ proposer is asked for up to L candidates and ``evaluate_batch`` runs them concur
 checks one after the other (they are cheap and catch duplicates inside the batch), then each
 candidate's validation and side-by-side timing in a thread on its own lane, through the very node
 functions a single candidate goes through (``nodes.validate``, ``nodes.measure``). Both sides of an
-A/B pair run on the candidate's lane, so each ratio is measured on one GPU.
+A/B pair run on the candidate's lane, so each ratio is measured on one GPU. When timing lanes at once
+widens the A/A noise floor too much (``state_machine.lanes``), each timing gets the machine to itself
+(``TimingTurns``) while the validations still overlap.
 
 All candidates of a batch are measured against the same incumbent. At most one can become the next
 incumbent: the fastest accepted one. Any other that also won is recorded as beaten in its batch and
@@ -14,7 +16,9 @@ proposed again, as a new candidate, against the new incumbent (its gain may not 
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from typing import Any, Iterator
 
 from state_machine import nodes
 from state_machine.context import RunContext
@@ -43,13 +47,51 @@ def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
     return out
 
 
-def _validated_and_measured(one: RunState, ctx: RunContext) -> RunState:
-    """validate then measure on the state's lane, stopping at the first verdict (as the graph's edges do)."""
-    for node in (nodes.validate, nodes.measure):
-        if one.current_verdict is not None:
-            break
-        one = one.model_copy(update=node(one, ctx))
-    return one
+class TimingTurns:
+    """Lets validations share the machine and gives a timing the machine to itself (a writer-preferring
+    readers-writer lock): a timing waits for the validations in flight, and none starts while it runs
+    or waits, so its blocks see what the lone lane's A/A blocks saw."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._validating, self._timing, self._waiting = 0, False, 0
+
+    @contextlib.contextmanager
+    def validating(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._timing and not self._waiting)
+            self._validating += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._validating -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._timing and not self._validating)
+            self._waiting -= 1
+            self._timing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timing = False
+                self._cond.notify_all()
+
+
+def _validated_and_measured(one: RunState, ctx: RunContext, turns: TimingTurns | None) -> RunState:
+    """validate then measure on the state's lane, stopping at the first verdict (as the graph's edges do);
+    with ``turns`` (lanes that widen each other's noise) each timing has the machine to itself."""
+    with turns.validating() if turns else contextlib.nullcontext():
+        one = one.model_copy(update=nodes.validate(one, ctx))
+    if one.current_verdict is not None:
+        return one
+    with turns.timing() if turns else contextlib.nullcontext():
+        return one.model_copy(update=nodes.measure(one, ctx))
 
 
 def _beaten(verdict: Verdict, winner: Candidate, winner_ratio: float) -> Verdict:
@@ -66,8 +108,9 @@ def evaluate_batch(state: RunState, ctx: RunContext) -> dict[str, Any]:
     lanes = lanes_of(state)[:len(pending)]
     ctx.event(state.run_dir, "batch", ids=[c.id for c in state.batch],
               lanes={one.current.id: lane.gpus for one, lane in zip(pending, lanes)})
+    turns = None if state.plan.concurrent_timing else TimingTurns()
     done = on_lanes(lambda lane: _validated_and_measured(
-        pending[lane.index].model_copy(update={"lane": lane}), ctx), lanes) if pending else []
+        pending[lane.index].model_copy(update={"lane": lane}), ctx, turns), lanes) if pending else []
     finished = {one.current.id: one for one in done}
     results = [finished.get(one.current.id, one) for one in checked]
     winners = sorted((one for one in results if one.current_verdict.accepted), key=lambda one: one.current_verdict.ratio)

@@ -3,7 +3,9 @@
 A lane is ``ranks`` GPUs and a disjoint share of the host's CPUs; a run with N GPUs has N / ranks of
 them (one lane, the whole machine, without --gpus). ``state_machine.batch`` evaluates one candidate
 per lane at once. The A/A noise floor of such a run is calibrated the same way, on every lane at once,
-the widest floor kept, so that it includes what the concurrent lanes do to each other's timings.
+the widest floor kept, so that it includes what the concurrent lanes do to each other's timings; and on
+one lane alone: if the lanes widen the floor by more than CONCURRENT_TOLERANCE, candidates are still
+validated at once but timed one at a time (``state_machine.batch``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from state_machine.state import Lane, RunState
 from targets.worker_protocol import WorkerRequest
 from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
 
+CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 
 def plan_lanes(gpus: int, ranks: int, cpus: list[int] | None = None) -> list[Lane]:
     """``gpus // ranks`` lanes of ``ranks`` consecutive GPUs each, the allowed CPUs split evenly between them
@@ -48,16 +51,28 @@ def on_lanes(work: Callable[[Lane], Any], lanes: list[Lane]) -> list[Any]:
         return list(pool.map(work, lanes))
 
 
-def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: int, timeout_s: float) -> NoiseFloor:
-    """The A/A noise floor: on one lane as usual, or on every lane at once (widest floor) when candidates
-    will be timed concurrently."""
+def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: int,
+                timeout_s: float) -> tuple[NoiseFloor, dict[str, Any]]:
+    """The A/A noise floor, and the plan fields of --gpus (``concurrent_timing``, ``lanes_note``).
+
+    One lane: the usual calibration. Several: an A/A run on every lane at once, and one on a lane alone.
+    When timing the lanes at once makes the floor more than CONCURRENT_TOLERANCE times wider, a win would
+    have to be that much larger to be seen, so candidates are then validated at once but timed one at a
+    time (under the lone floor); else they are timed at once too (under the concurrent floor)."""
     def on(lane: Lane | None) -> NoiseFloor:
         lane_spec = spec if lane is None else spec.model_copy(update={"gpus": lane.gpus, "cpus": lane.cpus})
         return calibrate_noise_floor(lane_spec, blocks, block_steps, timeout_s, repeats=state.plan.aa_repeats,
                                      seed=state.seed + (lane.index * 1000 if lane else 0))
     if not concurrent(state):
-        return on(None)
-    floors = on_lanes(on, lanes_of(state))
+        return on(None), {}
+    lanes = lanes_of(state)
+    floors = on_lanes(on, lanes)
     runs = [run for floor in floors for run in floor.runs]
-    return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs,
-                      rule=floors[0].rule + f", over {len(floors)} lanes timed at once")
+    together = NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs,
+                          rule=floors[0].rule + f", over {len(floors)} lanes timed at once")
+    alone = on(lanes[0])
+    at_once = together.floor <= CONCURRENT_TOLERANCE * alone.floor
+    note = (f"A/A floor {together.floor:.3f} with {len(lanes)} lanes timed at once, {alone.floor:.3f} on one lane "
+            f"alone: candidates are validated at once and timed "
+            + ("at once" if at_once else "one at a time"))
+    return (together if at_once else alone), {"concurrent_timing": at_once, "lanes_note": note}

@@ -91,21 +91,22 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
             plan.block_seconds / max(step_s, 1e-6))))})
     try:
-        noise = noise_floor(state, baseline_request(state, "bench"), plan.blocks, plan.block_steps, plan.timeout_s)
+        noise, lanes = noise_floor(state, baseline_request(state, "bench"), plan.blocks, plan.block_steps,
+                                   plan.timeout_s)
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
     calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
     medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
     longest = max([numerics.wall_s] + [run.wall_s for run in noise.runs])
     plan = plan.model_copy(update={"timeout_s": min(plan.timeout_s, max(plan.min_timeout_s,
-                                                                          TIMEOUT_FACTOR * longest))})
+                                                                          TIMEOUT_FACTOR * longest)), **lanes})
     record = Baseline(numerics_file=numerics_file, quality=quality, step_ms=1e3 * statistics.median(medians),
                       noise_floor=noise.floor, calibration_file=calibration, resolved_config=numerics.config,
                       reorder_scale=reorder.scale, reorder_detail=reorder.detail,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
     ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
-              reorder_scale=reorder.scale, reorder=reorder.detail)
+              reorder_scale=reorder.scale, reorder=reorder.detail, lanes=plan.lanes_note)
     return {"baseline": record, "plan": plan, "incumbent": Incumbent(config=dict(state.baseline_config))}
 
 

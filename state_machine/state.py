@@ -53,6 +53,9 @@ class EvalPlan(BaseModel):
     kernel_dtypes: list[str] = Field(default_factory=lambda: ["float32"])
     timeout_s: float = Field(1800.0, description="upper limit on any one worker; shortened from the baseline's")
     min_timeout_s: float = Field(60.0, description="the shortened limit never goes below this")
+    concurrent_timing: bool = Field(True, description="--gpus: whether the lanes' A/B timings may run at once "
+                                                      "(set at the baseline from the A/A floors, state_machine.lanes)")
+    lanes_note: str | None = Field(None, description="--gpus: how the timing mode was chosen")
 
 
 class Candidate(BaseModel):

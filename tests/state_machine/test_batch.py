@@ -14,13 +14,14 @@ import time
 import pytest
 
 from sg_opt.run_store import RunRequest
-from state_machine import batch, graph, nodes
+from state_machine import batch, graph, lanes, nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.lanes import plan_lanes
 from state_machine.state import Candidate, Limits, RunState, Verdict
 from targets.registry import resolve_target
 from targets.worker_client import device_env
 from targets.worker_protocol import WorkerRequest
+from validators.speedup import ABResult, NoiseFloor
 
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 
@@ -101,4 +102,57 @@ def test_two_lanes_evaluate_real_candidates_at_once(tmp_path):
     assert sum(e.verdict.accepted for e in first) <= 1
     assert any(e.verdict.accepted and e.candidate.patch == {"slow_loader": False} for e in final.history)
     calibration = json.loads((tmp_path / "baseline" / "calibration.json").read_text())
-    assert "over 2 lanes timed at once" in calibration["rule"] and len(calibration["runs"]) == 2
+    assert "with 2 lanes timed at once" in final.plan.lanes_note
+    if final.plan.concurrent_timing:
+        assert "over 2 lanes timed at once" in calibration["rule"] and len(calibration["runs"]) == 2
+    else:  # the lanes widened each other's floor: the lone lane's floor, and the timings took turns
+        assert len(calibration["runs"]) == 1
+
+
+@pytest.mark.parametrize("together,alone,at_once", [(0.3, 0.1, False), (0.12, 0.1, True)])
+def test_lanes_time_at_once_only_while_that_keeps_the_noise_floor(tmp_path, monkeypatch, together, alone, at_once):
+    calls = []
+
+    def calibrate(spec, *args, **kwargs):
+        calls.append(spec.gpus)
+        floor = alone if len(calls) > 2 else together  # the two lanes at once first, then one alone
+        return NoiseFloor(floor=floor, runs=[ABResult.model_construct(ratio=1.0, ci_low=1 - floor, ci_high=1 + floor)])
+
+    monkeypatch.setattr(lanes, "calibrate_noise_floor", calibrate)
+    monkeypatch.setattr(lanes, "floor_from", lambda runs: max(high - 1 for _, _, high in runs))
+    state = RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny", gpus=2)
+    spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench")
+    noise, plan = lanes.noise_floor(state, spec, 4, 3, 60.0)
+    assert sorted(calls[:2]) == [[0], [1]] and calls[2] == [0]
+    assert plan["concurrent_timing"] is at_once and noise.floor == pytest.approx(together if at_once else alone)
+    assert ("timed at once" if at_once else "timed one at a time") in plan["lanes_note"]
+
+
+def test_timings_take_turns_when_the_lanes_may_not_time_at_once(tmp_path, monkeypatch):
+    ctx = RunContext(target=resolve_target("haste-rec"), policy=ProposerPolicy())
+    active = {"validate": [], "measure": []}
+    peak = {"validate": 0, "measure": 0}
+
+    overlaps = []
+
+    def node(name, verdict):
+        def run(state, _ctx):
+            active[name].append(state.current.id)
+            peak[name] = max(peak[name], len(active[name]))
+            for _ in range(4):
+                overlaps.append({k: list(v) for k, v in active.items()})
+                time.sleep(0.05)
+            active[name].remove(state.current.id)
+            return {"current_verdict": verdict}
+        return run
+
+    monkeypatch.setattr(nodes, "validate", node("validate", None))
+    monkeypatch.setattr(nodes, "measure", node("measure", Verdict(accepted=False, stage="measure", reason="same",
+                                                                  ratio=1.0)))
+    cands = [Candidate(id=i, kind="knob", patch={"data_workers": w}, rationale="t", proposer="t")
+             for i, w in ((1, 1), (2, 2))]
+    state = RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny", gpus=2, batch=cands,
+                     next_id=3, plan={"concurrent_timing": False})
+    out = batch.evaluate_batch(state, ctx)
+    assert len(out["history"]) == 2 and peak == {"validate": 2, "measure": 1}
+    assert not any(a["measure"] and a["validate"] for a in overlaps)  # a timing has the machine to itself
