@@ -2,8 +2,9 @@
 # Issue 8's multi-GPU measurements, one GPU call on a host of 2+ H200s (NCCL; NVLink multicast stays off):
 #   PART=scaling  scaling.py at SIZES over 1 and 2 ranks: baseline and tuned configs, each sharding plan,
 #                 with the 2-rank numerics check (size small) and a ranked profile of each 2-rank run;
-#   PART=agent    `sg-opt optimize` at AGENT_SIZE with --gpus 1, then --gpus 2, same candidate budget:
-#                 the agent's wall time for both, run dirs tarred.
+#   PART=agent    `sg-opt optimize` at AGENT_SIZE with --gpus 1, then --gpus 2 (AGENT_GPUS="1 2"; one of them
+#                 per call where a run takes most of a call), same candidate budget: the agent's wall
+#                 time for each, run dirs tarred.
 # Usage: OUT=/dir PART="scaling agent" SIZES="large" bash benchmarks/h200_multi_gpu.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; PART=${PART:-scaling}; SIZES=${SIZES:-large}
@@ -34,7 +35,7 @@ if [[ " $PART " == *" scaling "* ]]; then
 fi
 
 if [[ " $PART " == *" agent "* ]]; then
-    for gpus in 1 2; do
+    for gpus in ${AGENT_GPUS:-1 2}; do
         runs="$OUT/agent_gpus$gpus"; mkdir -p "$runs"
         echo "== $(date -u +%FT%TZ) sg-opt optimize --size $AGENT_SIZE --gpus $gpus --max-iters $AGENT_ITERS"
         start=$SECONDS
@@ -55,6 +56,5 @@ for c in s["candidates"]:
 EOF
         tail -3 "$runs.err"
     done
-    tar czf "$OUT/agent_runs.tgz" -C "$OUT" agent_gpus1 agent_gpus2 agent_gpus1.json agent_gpus2.json && \
-        rm -rf "$OUT/agent_gpus1" "$OUT/agent_gpus2"
+    (cd "$OUT" && tar czf agent_runs.tgz agent_gpus* && rm -rf agent_gpus[0-9] agent_gpus[0-9][0-9])
 fi
