@@ -40,7 +40,8 @@ def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
         one = _as_current(state, cand)
         one = one.model_copy(update=nodes.check(one, ctx))
         if one.current_verdict is None and one.current_digest in digests:
-            one = one.model_copy(update=nodes._reject("check", f"a duplicate of candidate #{digests[one.current_digest]}"))
+            twin = digests[one.current_digest]
+            one = one.model_copy(update=nodes._reject("check", f"a duplicate of candidate #{twin}"))
         if one.current_verdict is None:
             digests[one.current_digest] = cand.id
         out.append(one)
@@ -113,7 +114,8 @@ def evaluate_batch(state: RunState, ctx: RunContext) -> dict[str, Any]:
         pending[lane.index].model_copy(update={"lane": lane}), ctx, turns), lanes) if pending else []
     finished = {one.current.id: one for one in done}
     results = [finished.get(one.current.id, one) for one in checked]
-    winners = sorted((one for one in results if one.current_verdict.accepted), key=lambda one: one.current_verdict.ratio)
+    winners = sorted((one for one in results if one.current_verdict.accepted),
+                     key=lambda one: one.current_verdict.ratio)
     best = winners[0] if winners else None
     again, next_id = [], state.next_id
     record = state.model_copy(update={"batch": []})

@@ -174,8 +174,8 @@ class ShardedSession:
         if self.tail is None:
             return all_gather_padded(logits.float(), counts)
         head, tail = logits
-        return torch.cat([all_gather_padded(head.float(), counts), self.tail.all_columns(self.model.output, tail.float())],
-                         dim=1)
+        all_tail = self.tail.all_columns(self.model.output, tail.float())
+        return torch.cat([all_gather_padded(head.float(), counts), all_tail], dim=1)
 
     def param_digest(self) -> dict[str, Any]:
         """Parameter norms per group. No sha256: the tables never meet in one process, and a sharded run
