@@ -7,6 +7,7 @@ workers, two lanes at once, on the CPU (a lane's GPU list only sets CUDA_VISIBLE
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ from sg_opt.run_store import RunRequest
 from state_machine import batch, graph, lanes, nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.lanes import plan_lanes
-from state_machine.state import Candidate, Limits, RunState, Verdict
+from state_machine.state import Baseline, Candidate, Incumbent, Limits, RunState, Verdict
 from targets.registry import resolve_target
 from targets.worker_client import device_env
 from targets.worker_protocol import WorkerRequest
@@ -156,3 +157,44 @@ def test_timings_take_turns_when_the_lanes_may_not_time_at_once(tmp_path, monkey
     out = batch.evaluate_batch(state, ctx)
     assert len(out["history"]) == 2 and peak == {"validate": 2, "measure": 1}
     assert not any(a["measure"] and a["validate"] for a in overlaps)  # a timing has the machine to itself
+
+
+def test_a_run_killed_inside_a_batch_resumes_it_without_losing_a_decision(tmp_path, monkeypatch):
+    """The graph with its worker-backed nodes replaced (what is under test is the checkpointing of a batch):
+    a kill while the second batch is validating; the resumed run redoes that batch alone."""
+    ctx = RunContext(target=resolve_target("haste-rec"), policy=ProposerPolicy())
+    kill = {"armed": True}
+
+    def baseline(state, _ctx):
+        return {"baseline": Baseline(numerics_file="-", step_ms=10.0, noise_floor=0.02, calibration_file="-"),
+                "incumbent": Incumbent(config=dict(state.baseline_config))}
+
+    def validate(state, _ctx):
+        if state.current.id >= 3 and kill["armed"]:
+            kill["armed"] = False
+            raise KeyboardInterrupt  # as a kill: nothing after the last checkpoint is written
+        return {"current_verdict": None}
+
+    def measure(state, _ctx):
+        accepted = state.current.id == 1
+        return {"current_verdict": Verdict(accepted=accepted, stage="measure", reason="timed",
+                                           ratio=0.5 if accepted else 1.0)}
+
+    def nothing(state, _ctx):
+        return {}
+
+    for name, fake in (("setup", nothing), ("baseline", baseline), ("diagnose", nothing), ("validate", validate),
+                       ("measure", measure), ("report", nothing)):
+        named = functools.wraps(getattr(nodes, name))(functools.partial(fake))  # graph nodes go by their name
+        monkeypatch.setattr(nodes, name, named)
+    state = RunState(run_id="kill", run_dir=str(tmp_path), target="haste-rec", size="tiny", gpus=2,
+                     limits=Limits(max_iters=4, max_minutes=10))
+    with pytest.raises(KeyboardInterrupt):
+        graph.run(ctx, state, tmp_path, "kill")
+    final = graph.run(ctx, None, tmp_path, "kill")  # resume from the last checkpoint
+    ids = [e.candidate.id for e in final.history]
+    assert sorted(ids) == [1, 2, 3, 4] and len(set(ids)) == 4, ids  # each decided once
+    assert final.incumbent.from_candidate == 1 and final.stop_reason.startswith("max-iters")
+    batches = [json.loads(line)["ids"] for line in (tmp_path / "events.jsonl").read_text().splitlines()
+               if json.loads(line)["event"] == "batch"]
+    assert batches == [[1, 2], [3, 4], [3, 4]]  # the killed batch, and only it, ran again
