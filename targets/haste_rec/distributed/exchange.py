@@ -230,3 +230,10 @@ def all_gather_padded(local: torch.Tensor, counts: list[int], group: Any = None,
     parts = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(parts, padded, group=group)
     return torch.cat([part.narrow(dim, 0, count) for part, count in zip(parts, counts)], dim)
+
+
+def sum_over_ranks(value: float, device: torch.device, group: Any = None) -> float:
+    """The sum over the ranks of one float per rank (e.g. squared norms of the parts each owns), in float64."""
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=group)
+    return float(total)

@@ -15,12 +15,11 @@ import contextlib
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.distributed.exchange import (RowWiseInputDist, RowWiseOutputDist, TableWiseInputDist,
-                                                    TableWiseOutputDist)
+                                                    TableWiseOutputDist, sum_over_ranks)
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.embedding_config import EmbeddingConfig
 from targets.haste_rec.embeddings import EmbeddingStore
@@ -102,19 +101,14 @@ class ShardedEmbeddings(nn.Module):
             self.store.zero_grad()
 
     # -- collective reads (every rank must call them) -------------------------------------------
-    def _sum_over_ranks(self, local: float) -> float:
-        total = torch.tensor([local], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total)
-        return float(total)
-
     def grad_sq_norm(self) -> float:
         """Squared norm of all tables' gradients since zero_grad, summed over the owners."""
-        return self._sum_over_ranks(0.0 if self.store is None else self.store.grad_sq_norm())
+        return sum_over_ranks(0.0 if self.store is None else self.store.grad_sq_norm(), self.device)
 
     def table_sq_norm(self) -> float:
         """Squared norm of all tables' weights, summed over the owners."""
         tables = [] if self.store is None else self.store.current_tables()
-        return self._sum_over_ranks(sum(float(t.detach().float().pow(2).sum()) for t in tables))
+        return sum_over_ranks(sum(float(t.detach().float().pow(2).sum()) for t in tables), self.device)
 
     def counters(self) -> dict[str, float]:
         """This rank's store counters (cache traffic of its rows) and the bytes its forward all-to-alls

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from targets.haste_rec.distributed.exchange import all_gather_padded, padded_to
+from targets.haste_rec.distributed.exchange import all_gather_padded, padded_to, sum_over_ranks
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.haste import HasteOutput
 
@@ -116,10 +116,8 @@ class LabelGroupTail:
         return all_gather_padded(tail, counts, self.group, dim=1)
 
     def sum_over_ranks(self, value: float) -> float:
-        """A sum of per-owner parts (squared norms), in float64."""
-        total = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, group=self.group)
-        return float(total)
+        """A sum of per-owner parts (squared norms) over this tail's group."""
+        return sum_over_ranks(value, self.device, self.group)
 
     def counters(self, output: HasteOutput) -> dict[str, float]:
         return {"tail_groups_owned": float(len(output.groups_owned)),
