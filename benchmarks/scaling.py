@@ -86,18 +86,21 @@ def numerics(size: str, config: dict, args) -> dict:
     return {"ok": verdict.ok, "detail": verdict.detail}
 
 
+def _unsharded(row: dict) -> tuple[str, str]:
+    """A row's size and config without the sharding plan: what its one-GPU row shares with it."""
+    return row["size"], json.dumps({k: v for k, v in row["config"].items() if "sharding" not in k}, sort_keys=True)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| size | config | ranks | step ms (slowest rank) | samples/s per GPU | scaling | exchange share | "
              "numerics vs 1 rank |", "|---|---|---|---|---|---|---|---|"]
-    single = {(r["size"], json.dumps({k: v for k, v in r["config"].items() if "sharding" not in k}, sort_keys=True)):
-              r for r in rows if r["ranks"] == 1 and "step_ms" in r}
+    single = {_unsharded(r): r for r in rows if r["ranks"] == 1 and "step_ms" in r}
     for r in rows:
         shown = ", ".join(f"{k}={v}" for k, v in KNOB_SPACE.diff(KNOB_SPACE.resolve(r["config"])).items()) or "defaults"
         if "failure" in r:
             lines.append(f"| {r['size']} | {shown} | {r['ranks']} | failed: {r['failure'][:120]} | | | | |")
             continue
-        key = (r["size"], json.dumps({k: v for k, v in r["config"].items() if "sharding" not in k}, sort_keys=True))
-        one = single.get(key)
+        one = single.get(_unsharded(r))
         scaling = f"x{r['samples_per_s_per_gpu'] * r['ranks'] / one['samples_per_s_per_gpu']:.2f}" if one else "-"
         share = f"{100 * r['exchange_share_of_phases']:.0f}%" if r.get("exchange_share_of_phases") is not None else "-"
         num = r.get("numerics")

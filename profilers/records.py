@@ -258,5 +258,6 @@ class ProfileResult(RunResult):
     ranks: list[RankProfile] = Field(default_factory=list, description="a ranked profile: every rank in brief, "
                                                                        "by rank; empty for one process")
     main_rank: int | None = Field(None, description="a ranked profile: the rank whose profile coarse, floor, "
-                                                    "findings and counters are (the slowest by profiled step)")
+                                                    "findings and counters are (the one with the most step time "
+                                                    "outside collectives: the rank the others wait for)")
     notes: list[str] = Field(default_factory=list, description="what was skipped and why")

@@ -20,10 +20,15 @@ from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
 
 CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 
+def lane_count(gpus: int, ranks: int) -> int:
+    """How many candidates fit at once: ``ranks`` GPUs each, at least one (the whole machine)."""
+    return max(1, gpus // ranks)
+
+
 def plan_lanes(gpus: int, ranks: int, cpus: list[int] | None = None) -> list[Lane]:
-    """``gpus // ranks`` lanes of ``ranks`` consecutive GPUs each, the allowed CPUs split evenly between them
+    """``lane_count`` lanes of ``ranks`` consecutive GPUs each, the allowed CPUs split evenly between them
     (None where CPU affinity is unsupported); one lane of all GPUs when only one fits."""
-    count = max(1, gpus // ranks)
+    count = lane_count(gpus, ranks)
     if cpus is None and hasattr(os, "sched_getaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
     share = len(cpus) // count if cpus else 0
@@ -37,12 +42,12 @@ def lanes_of(state: RunState) -> list[Lane]:
 
 def concurrent(state: RunState) -> bool:
     """Whether this run evaluates candidates several at a time."""
-    return len(lanes_of(state)) > 1
+    return lane_count(state.gpus, state.ranks) > 1
 
 
 def batch_size(state: RunState) -> int:
     """Candidates to start together: one per lane, never more than the candidate budget has left."""
-    return max(1, min(len(lanes_of(state)), state.limits.max_iters - state.evaluated))
+    return max(1, min(lane_count(state.gpus, state.ranks), state.limits.max_iters - state.evaluated))
 
 
 def on_lanes(work: Callable[[Lane], Any], lanes: list[Lane]) -> list[Any]:

@@ -184,7 +184,7 @@ def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
             updates["stop_reason"] = "converged: the proposer has no promising candidate left to try"
         if not queue:  # stopped, or a failed LLM proposal that the next round retries
             return {**updates, "queue": [], "current": None}
-    take = batch_size(state) if concurrent(state) else 1
+    take = batch_size(state)  # 1 without --gpus
     for cand in queue[:take]:
         ctx.event(state.run_dir, "propose", id=cand.id, kind=cand.kind, patch=cand.patch, kernels=list(cand.kernels),
                   rationale=cand.rationale, proposer=cand.proposer)
