@@ -7,11 +7,14 @@
 # and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
-# Usage: OUT=/dir SIZE=large MINUTES=20 SLICE=540 [CONFIG=...] [CARRY=prev/run.tgz] \
+# SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
+# there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).
+# Usage: OUT=/dir SIZE=large MINUTES=20 SLICE=540 [CONFIG=...] [SEARCH=rules|tpe] [GPUS=1] [CARRY=prev/run.tgz] \
 #        bash benchmarks/h200_resumable.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; SIZE=${SIZE:-large}; MINUTES=${MINUTES:-20}; SLICE=${SLICE:-540}
 DEVICE=${DEVICE:-cuda}; CONFIG=${CONFIG:-}; ITERS=${ITERS:-25}; RUNS=${RUNS:-runs/headline}
+SEARCH=${SEARCH:-rules}; GPUS=${GPUS:-1}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/sg-opt-cache}
 [ "$DEVICE" = cuda ] && unset TRITON_INTERPRET
@@ -23,9 +26,11 @@ if [ -n "$run" ]; then
     echo "== resuming $(basename "$run")"
     cmd=(python3 -m sg_opt.cli optimize --resume "$run" --out "$RUNS")
 else
-    echo "== starting: optimize ${args[*]} --tier offline --max-minutes $MINUTES --max-iters $ITERS"
-    cmd=(python3 -m sg_opt.cli optimize "${args[@]}" --tier offline --max-minutes "$MINUTES" --max-iters "$ITERS"
-         --out "$RUNS")
+    echo "== starting: optimize ${args[*]} --tier offline --search $SEARCH --gpus $GPUS --max-minutes $MINUTES" \
+         "--max-iters $ITERS"
+    cmd=(python3 -m sg_opt.cli optimize "${args[@]}" --tier offline --search "$SEARCH" --max-minutes "$MINUTES"
+         --max-iters "$ITERS" --out "$RUNS")
+    [ "$GPUS" != 1 ] && cmd+=(--gpus "$GPUS")
 fi
 timeout "$SLICE" "${cmd[@]}" >> "$OUT/optimize.log" 2>&1
 rc=$?

@@ -25,6 +25,7 @@ Markdown tables go to stdout, everything to the --out JSON.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -48,6 +49,8 @@ MAIN = {"B": 256, "Ht": 768, "L": 670_080, "F": 64, "G": 32}
 SMOKE = ({"B": 8, "Ht": 24, "L": 96, "F": 8, "G": 8}, {"B": 5, "Ht": 20, "L": 84, "F": 6, "G": 12})
 TUNE_GRID = tuple((b, w, s) for b in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))
 SMOKE_TUNE_GRID = ((16, 4, 2), (32, 2, 3))
+# the fused kernel's positives formats (triton_fused_bce), by check / tune name; "list" is the measured default
+FUSED_FORMATS = {"tail_fused_bce": "list", "tail_fused_bce_bits": "bits"}
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,9 @@ def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warm
         ops = {"tail_forward": lambda: tail_forward_triton(h, idx, w, bias, config=c),
                "tail_backward_weight": lambda: tail_backward_weight_triton(dz, h, idx, config=c),
                "tail_backward_input": lambda: tail_backward_input_triton(dz, idx, w, shape["Ht"], csr=csr, config=c),
-               "tail_fused_bce": lambda: tail_fused_bce_triton(h, idx, w, bias, None, rows, cols, 1 / shape["B"],
-                                                               csr=csr, config=c)}
+               **{name: functools.partial(tail_fused_bce_triton, h, idx, w, bias, None, rows, cols, 1 / shape["B"],
+                                          csr=csr, config=c, positives_format=fmt)
+                  for name, fmt in FUSED_FORMATS.items()}}
         out.append({"block_b": block_b, "num_warps": warps, "num_stages": stages,
                     **{name: statistics.median(_times_ms(fn, device, warmup, repeats, flush))
                        for name, fn in ops.items()}})
@@ -168,11 +172,13 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
         "tail_backward_input_atomic": _rel_err(tail_backward_input_atomic(dz, idx, w, Ht),
                                                ts.tail_backward_input(*f32(dz, idx, w), Ht)),
     }
-    got = tail_fused_bce_triton(h, idx, w, bias, None, rows, cols, 1.0 / B, csr=csr)
+    fused = {fmt: functools.partial(tail_fused_bce_triton, h, idx, w, bias, None, rows, cols, 1.0 / B, csr=csr,
+                                    positives_format=fmt) for fmt in FUSED_FORMATS.values()}
     want = ts.tail_fused_bce(*f32(h, idx, w, bias), None, rows, cols, 1.0 / B)
-    for name, a, b in zip(("loss", "dh", "dw", "dbias"), got, want):
-        checks[f"tail_fused_bce.{name}"] = _rel_err(a.reshape(-1), b.reshape(-1))
-    del got, want
+    for check, fmt in FUSED_FORMATS.items():
+        for name, a, b in zip(("loss", "dh", "dw", "dbias"), fused[fmt](), want):
+            checks[f"{check}.{name}"] = _rel_err(a.reshape(-1), b.reshape(-1))
+    del want
 
     pidx = ts.random_fan_in(K * G, Ht, Fi, gen)
     pw = torch.randn(K * G, Fi, generator=gen, device=device, dtype=dtype) * Fi ** -0.5
@@ -221,9 +227,9 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
         Op("triton tail_backward_input (CSR, deterministic)", tbi, c_bi, m_bi),
         Op("triton tail_backward_input (atomicAdd)", lambda: tail_backward_input_atomic(dz, idx, w, Ht), c_bi),
         Op("triton fwd + both bwd", lambda: (tf(), tbw(), tbi()), _add(c_fwd, c_bw, c_bi), _add(c_fwd, c_bw, m_bi)),
-        Op("triton fused bce fwd+loss+bwd", lambda: tail_fused_bce_triton(h, idx, w, bias, None, rows, cols, 1.0 / B,
-                                                                          csr=csr),
-           c_fused, tail_fused_bce_traffic(shape, dtype)),
+        Op("triton fused bce fwd+loss+bwd", fused["list"], c_fused, tail_fused_bce_traffic(shape, dtype)),
+        Op("triton fused bce fwd+loss+bwd (positives as bits)", fused["bits"], c_fused,
+           tail_fused_bce_traffic(shape, dtype, "bits")),
         Op("triton per-label fwd", lambda: perlabel_forward_triton(h, pidx, pw), c_pf),
         Op("triton per-label bwd weight", pbw, c_pbw),
         Op("triton per-label bwd input", pbi, c_pbi),

@@ -37,8 +37,7 @@ def main() -> None:
             raise SystemExit(f"the {'nudged' if nudged else 'deterministic'} run failed: {result.failure.message}")
         runs.append(result.numerics)
     calibration = calibrate_reorder(*runs)
-    print(f"{args.target} @ {args.size} on {args.device}, {args.steps} steps: worst {calibration.worst:.3g} of the "
-          f"fixed reorder band ({calibration.quantity}); bands x{calibration.scale:.2f}")
+    print(f"{args.target} @ {args.size} on {args.device}, {args.steps} steps: {calibration.detail}")
 
 
 if __name__ == "__main__":

@@ -105,10 +105,12 @@ SET_OPT = typer.Option([], "--set", help="knob=value, repeatable")
 DATA_OPT = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification text format) "
                                              "instead of synthetic data")
 DEVICE_OPT = typer.Option("cpu", help="cpu or cuda")
-THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker")
+THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker (default: one per CPU it may use, "
+                                             "at most 16 on cuda)")
 RANKS_OPT = typer.Option(1, "--ranks", help="run every worker as this many processes of one torch.distributed job "
-                                            "(torchrun, one device each, --threads each: torchrun's default is 1; "
-                                            "step times are the slowest rank's); the target needs a build_ranked")
+                                            "(torchrun, one device each; a rank takes --threads, else its share of "
+                                            "the CPUs; step times are the slowest rank's); the target needs a "
+                                            "build_ranked")
 TIMEOUT_OPT = typer.Option(1800.0, help="seconds before the worker is killed")
 JSON_OPT = typer.Option(False, "--json", help="print the worker's JSON result")
 

@@ -102,7 +102,7 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
                                                                           TIMEOUT_FACTOR * longest)), **lanes})
     record = Baseline(numerics_file=numerics_file, quality=quality, step_ms=1e3 * statistics.median(medians),
                       noise_floor=noise.floor, calibration_file=calibration, resolved_config=numerics.config,
-                      reorder_scale=reorder.scale, reorder_detail=reorder.detail,
+                      reorder=reorder,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
     ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
@@ -286,7 +286,7 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
         if not result.ok:
             return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
                            numerics_class=cls)
-        verdict = compare(base.numerics, result.numerics, cls, reorder_scale=state.baseline.reorder_scale)
+        verdict = compare(base.numerics, result.numerics, cls, reorder=state.baseline.reorder)
     path = write_json(folder / "numerics.json", {"verdict": verdict.model_dump(), "result": result.model_dump()})
     if not verdict.ok:
         return _reject("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from profilers.records import Finding
+from validators.numerics import ReorderCalibration
 
 STATE_SCHEMA_VERSION = 1
 
@@ -118,8 +119,8 @@ class Baseline(BaseModel):
     step_ms: float = Field(description="median step time from the A/A calibration blocks")
     noise_floor: float
     calibration_file: str
-    reorder_scale: float = Field(1.0, description="the reorder bands' calibrated multiplier (validators.numerics)")
-    reorder_detail: str = ""
+    reorder: ReorderCalibration = Field(default_factory=ReorderCalibration,
+                                        description="the reorder bands calibrated on the baseline (validators.numerics)")
     resolved_config: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, Any] = Field(default_factory=dict)
     wall_s: float = 0.0

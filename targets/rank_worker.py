@@ -34,7 +34,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from targets.ranks import RankContext, join, leave
-from targets.worker import failure_of, measure, write_result
+from targets.worker import allowed_cpus, default_threads, failure_of, measure, write_result
 from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT
 from targets.worker_protocol import BenchData, Failure, WorkerRequest, WorkerResult
 
@@ -60,13 +60,13 @@ def slowest_rank(benches: list[BenchData]) -> BenchData:
 
 
 def rank_threads(req: WorkerRequest) -> int:
-    """CPU threads of one rank: the request's, else this process's CPUs shared evenly by the node's ranks.
-    (torchrun's default is 1 per rank, which starves a rank's host-side work, e.g. building its batch: at
-    size large on two H200s the data phase took 24 ms per step against 7 ms in one process.)"""
+    """CPU threads of one rank: the request's, else ``default_threads`` of this process's CPUs shared evenly
+    by the node's ranks. (torchrun's default is 1 per rank, which starves a rank's host-side work, e.g.
+    building its batch: at size large on two H200s the data phase took 24 ms per step against 7 ms in one
+    process.)"""
     if req.threads:
         return req.threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return default_threads(req.device, allowed_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def join_job(req: WorkerRequest) -> RankContext:

@@ -77,3 +77,18 @@ def test_quality_mode_of_the_reference_trainer():
     result = run_worker(req, timeout_s=300)
     assert result.ok, result.failure
     assert 0.0 <= result.quality.metrics["P@1"] <= 1.0
+
+
+def test_default_threads_cap_a_gpu_workers_host_threads_only():
+    from targets.worker import CUDA_HOST_THREADS, default_threads
+    assert default_threads("cpu", 64) == 64  # the math runs on the CPU: every core
+    assert default_threads("cuda", 64) == CUDA_HOST_THREADS
+    assert default_threads("cuda", 8) == 8
+    assert default_threads("cuda", 0) == 1
+
+
+def test_a_worker_without_a_thread_count_reports_the_default():
+    from targets.worker import allowed_cpus, default_threads
+    result = _run("ok")
+    assert result.ok, result.failure
+    assert result.environment.threads == default_threads("cpu", allowed_cpus())

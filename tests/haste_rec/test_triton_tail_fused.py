@@ -1,5 +1,6 @@
 """The fused tail + BCE kernel against the float64 torch reference (loss and every gradient), its
-positives regrouping, its rounding modes, and its autograd Function inside HasteOutput."""
+positives regrouping and bitmask (the two formats give the same results), its rounding modes, and its
+autograd Function inside HasteOutput."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from tests.haste_rec.test_triton_tail import (DEVICE, DTYPES, TOL, check_close, 
                                              shape_id)
 from targets.haste_rec.haste import HasteOutput
 from targets.haste_rec.tail_slots import tail_fused_bce, tail_fused_bce_inputs
-from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton, tail_positives
+from targets.haste_rec.triton_fused_bce import (tail_fused_bce_traffic, tail_fused_bce_triton, tail_positive_bits,
+                                                tail_positives)
 from targets.haste_rec.triton_tail import TailKernelConfig
 
 SHAPES = ({"B": 19, "Ht": 40, "K": 5, "G": 7, "F": 13, "bias": 1, "weight": 1, "P": 40},
@@ -76,6 +78,85 @@ def test_tail_positives_groups_in_input_order() -> None:
     assert pos.group_ptr.tolist() == [0, 1, 2, 4, 4]
     assert pos.rows.tolist()[:4] == [1, 4, 0, 2] and pos.cols.tolist()[:4] == [2, 0, 1, 0]
     assert pos.rows.dtype == pos.cols.dtype == pos.group_ptr.dtype == torch.int32
+
+
+# ----------------------------------------------------------------------------- positives as a bitmask
+
+def _bits_reference(rows: list, cols: list, groups: int, size: int, batch: int, width: int) -> torch.Tensor:
+    """The bitmask by Python ints: OR each pair inside the tail in, then wrap to a signed word."""
+    words = [[0] * batch for _ in range(groups)]
+    for b, c in zip(rows, cols):
+        if 0 <= b < batch and 0 <= c < groups * size:
+            words[c // size][b] |= 1 << (c % size)
+    return torch.tensor([[v - (1 << width) if v >> (width - 1) else v for v in row] for row in words])
+
+
+@pytest.mark.parametrize("size", (1, 7, 32, 33, 64))  # int32 up to 32 (bit 31: the sign), int64 above
+def test_tail_positive_bits_match_a_python_reference(size: int) -> None:
+    """Repeated pairs count once; head (negative) and past-the-tail columns, and rows outside the batch,
+    are ignored; more pairs than one program sets."""
+    groups, batch, n = 6, 11, 1500
+    g = torch.Generator().manual_seed(size)
+    rows = torch.randint(0, batch, (n,), generator=g)
+    cols = torch.randint(-size, (groups + 1) * size, (n,), generator=g)
+    # repeats; the last word's highest bit, twice; two rows outside the batch
+    rows = torch.cat([rows, rows[:40], torch.tensor([batch - 1, batch - 1, -1, batch])])
+    cols = torch.cat([cols, cols[:40], torch.tensor([groups * size - 1, groups * size - 1, 3, size - 1])])
+    got = tail_positive_bits(rows.to(DEVICE), cols.to(DEVICE), groups, size, batch)
+    width = 32 if size <= 32 else 64
+    assert got.dtype == (torch.int32 if width == 32 else torch.int64) and got.shape == (groups, batch)
+    assert torch.equal(got.cpu().long(), _bits_reference(rows.tolist(), cols.tolist(), groups, size, batch, width))
+
+
+def test_tail_positive_bits_limits() -> None:
+    empty = torch.zeros(0, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(tail_positive_bits(empty, empty, 3, 5, 4).cpu(), torch.zeros(3, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="at most 64 labels per group"):
+        tail_positive_bits(empty, empty, 3, 65, 4)
+    with pytest.raises(ValueError, match=r"\[P\]"):
+        tail_positive_bits(empty, empty[:0].reshape(0, 1), 3, 5, 4)
+
+
+BITS_CASES = (SHAPES[0], SHAPES[1],  # G=7 (int32), G=17 with dense positives
+              {"B": 21, "Ht": 30, "K": 3, "G": 40, "F": 9, "bias": 1, "weight": 1, "P": 90})  # int64 words
+
+
+@pytest.mark.parametrize("shape", BITS_CASES + (GPU_SHAPES if DEVICE == "cuda" else ()), ids=shape_id)
+def test_bits_format_gives_the_list_format_results(shape: dict) -> None:
+    """Same loss, dh, dw, dbias bit for bit, built inside or handed in prebuilt; several batch chunks,
+    repeated and outside positives included."""
+    dtype = DTYPES[-1] if shape["G"] == 17 else DTYPES[0]  # one half-precision case, fp32 otherwise
+    h, idx, w, bias, cw, rows, cols, scale = make(tail_fused_bce_inputs, shape, dtype, seed=6)
+    K, G, B = shape["K"], shape["G"], shape["B"]
+    rows2 = torch.cat([rows, rows[:7], torch.tensor([0, B - 1], device=DEVICE)])
+    cols2 = torch.cat([cols, cols[:7], torch.tensor([-1, K * G], device=DEVICE)])
+    config = TailKernelConfig(block_b=16)
+    args = (h, idx, w, bias, cw, rows2, cols2, scale)
+    with poisoned_allocations():
+        got = tail_fused_bce_triton(*args, config=config, positives_format="bits")
+    _check_all(got, tail_fused_bce(*f64((h, idx, w, bias, cw, rows, cols, scale))), dtype)
+    prebuilt = tail_positive_bits(rows2, cols2, K, G, B)
+    for other in (tail_fused_bce_triton(*args, config=config, positives_format="list"),
+                  tail_fused_bce_triton(*args, prebuilt, config=config, positives_format="bits")):
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got, other))
+
+
+def test_positives_format_checks() -> None:
+    shape = {"B": 4, "Ht": 8, "K": 2, "G": 65, "F": 3, "bias": 0, "weight": 0, "P": 3}
+    inputs = make(tail_fused_bce_inputs, shape, torch.float32)
+    with pytest.raises(ValueError, match="at most 64"):
+        tail_fused_bce_triton(*inputs, positives_format="bits")
+    with pytest.raises(ValueError, match="positives_format must be one of"):
+        tail_fused_bce_triton(*inputs, positives_format="dense")
+    small = dict(shape, G=5)
+    h, idx, w, bias, cw, rows, cols, scale = make(tail_fused_bce_inputs, small, torch.float32)
+    bits = tail_positive_bits(rows, cols, 2, 5, 4)
+    with pytest.raises(ValueError, match="takes TailPositives"):
+        tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits)
+    with pytest.raises(ValueError, match="bitmask of tail_positive_bits"):
+        tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits.long(), positives_format="bits")
+    traffic = {fmt: tail_fused_bce_traffic(small, torch.float32, fmt).bytes for fmt in ("list", "bits")}
+    assert traffic["bits"] - traffic["list"] == 2 * 4 * 2 * 4  # int32 words, K x B, written and read once
 
 
 # ----------------------------------------------------------------------------- through HasteOutput

@@ -11,7 +11,7 @@ import pytest
 from targets.worker_client import run_worker
 from targets.worker_protocol import NumericsData, WorkerRequest
 from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_MAX_SCALE,
-                                 REORDER_RTOL, REORDER_SAFETY, NumericsVerdict, calibrate_reorder, compare,
+                                 REORDER_POINT_MAX, REORDER_RTOL, REORDER_SAFETY, NumericsVerdict, calibrate_reorder, compare,
                                  reorder_band)
 
 STEPS = 12
@@ -120,16 +120,41 @@ def test_self_drift_widens_the_reorder_bands_to_three_times_it():
     assert "loss at step 5" in calibration.detail
     kernel = scaled(make(), loss=at(5, 2.0 * reorder_band(5)))  # another order, a bit further off
     assert not compare(make(), kernel, "reorder").ok
-    assert compare(make(), kernel, "reorder", reorder_scale=calibration.scale).ok
+    assert compare(make(), kernel, "reorder", reorder=calibration).ok
 
 
 def test_calibrated_bands_are_capped_and_still_reject_a_change_of_the_math():
     wild = calibrate_reorder(make(), scaled(make(), probe=lambda j: 1e-2))
     assert wild.scale == REORDER_MAX_SCALE and wild.quantity.startswith("probe")
-    for quantity, perturb in (("loss", dict(loss=at(7, 3.2e-3))), ("probe", dict(probe=lambda j: 1e-3)),
-                              ("param_norms", dict(params=1e-3))):
-        verdict = compare(make(), scaled(make(), **perturb), "reorder", reorder_scale=wild.scale)
+    for quantity, perturb in (("loss", dict(loss=at(7, 3.2e-3))), ("param_norms", dict(params=1e-3)),
+                              ("probe", dict(probe=lambda j: 2 * REORDER_POINT_MAX))):  # past the widest point band
+        verdict = compare(make(), scaled(make(), **perturb), "reorder", reorder=wild)
         assert not verdict.ok and verdict.failed_quantity == quantity
+
+
+def test_one_sensitive_step_widens_that_step_only():
+    # As haste-rec @ large on the H200: the baseline's grad norms move by 5.2e-4 at step 5 between two runs of
+    # itself (35x the fixed band there) and by ~2e-6 elsewhere.
+    drift = scaled(make(), norms=lambda i: 5.2e-4 if i == 5 else 2e-6)
+    calibration = calibrate_reorder(make(), drift)
+    assert calibration.scale == REORDER_MAX_SCALE and calibration.quantity == "grad norm of encoder at step 5"
+    assert calibration.step_drift[5] == pytest.approx(5.2e-4, rel=1e-6)
+    assert "step 5" in calibration.detail and "get 3x their own drift" in calibration.detail
+    kernel = scaled(make(), norms=at(5, 5.1e-4))  # another order: the same size of difference at the same step
+    assert not compare(make(), kernel, "reorder").ok
+    verdict = compare(make(), kernel, "reorder", reorder=calibration)
+    assert verdict.ok, verdict.detail
+    elsewhere = compare(make(), scaled(make(), norms=at(7, 5.1e-4)), "reorder", reorder=calibration)
+    assert not elsewhere.ok and "at step 7" in elsewhere.detail  # the other steps keep x10 the fixed band
+    wrong = compare(make(), scaled(make(), norms=at(5, 5.1e-4), loss=at(0, 1e-3)), "reorder", reorder=calibration)
+    assert not wrong.ok and wrong.failed_quantity == "loss"
+
+
+def test_a_point_band_never_exceeds_its_cap():
+    calibration = calibrate_reorder(make(), scaled(make(), loss=at(5, 1e-2)))
+    assert compare(make(), scaled(make(), loss=at(5, 0.9 * REORDER_POINT_MAX)), "reorder", reorder=calibration).ok
+    verdict = compare(make(), scaled(make(), loss=at(5, 1.2 * REORDER_POINT_MAX)), "reorder", reorder=calibration)
+    assert not verdict.ok and verdict.detail.endswith(f"band {REORDER_POINT_MAX:.2g}")
 
 
 # -- precision ---------------------------------------------------------------------------------------
