@@ -120,7 +120,7 @@ class Baseline(BaseModel):
     noise_floor: float
     calibration_file: str
     reorder: ReorderCalibration = Field(default_factory=ReorderCalibration,
-                                        description="the reorder bands calibrated on the baseline (validators.numerics)")
+                                        description="the reorder bands calibrated on the baseline")
     resolved_config: dict[str, Any] = Field(default_factory=dict)
     environment: dict[str, Any] = Field(default_factory=dict)
     wall_s: float = 0.0

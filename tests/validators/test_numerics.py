@@ -11,8 +11,8 @@ import pytest
 from targets.worker_client import run_worker
 from targets.worker_protocol import NumericsData, WorkerRequest
 from validators.numerics import (PRECISION_DRIFT_RTOL, PRECISION_LOSS_RTOL, QUALITY_MARGIN, REORDER_MAX_SCALE,
-                                 REORDER_POINT_MAX, REORDER_RTOL, REORDER_SAFETY, NumericsVerdict, calibrate_reorder, compare,
-                                 reorder_band)
+                                 REORDER_POINT_MAX, REORDER_RTOL, REORDER_SAFETY, NumericsVerdict,
+                                 calibrate_reorder, compare, reorder_band)
 
 STEPS = 12
 GROUPS = ("encoder", "tail")
