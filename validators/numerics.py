@@ -233,20 +233,6 @@ def _trajectories(base: NumericsData, cand: NumericsData, loss_band: Callable[[i
     return _worst("loss", losses, "relative"), _worst("grad_norms", norms, "relative")
 
 
-def _reorder(base: NumericsData, cand: NumericsData, calibration: ReorderCalibration | None = None) -> list[Measure]:
-    cal = calibration or ReorderCalibration()
-
-    def widened(fixed: float, drift: float) -> float:
-        return max(fixed, min(REORDER_POINT_MAX, REORDER_SAFETY * drift))
-
-    def step_band(step: int) -> float:
-        return widened(reorder_band(step, cal.scale), cal.step_drift[step] if step < len(cal.step_drift) else 0.0)
-    end = reorder_band(len(base.losses), cal.scale)
-    return [*_trajectories(base, cand, step_band, step_band),
-            _probe_rel_l2(base, cand, lambda key: widened(end, cal.end_drift.get(f"probe {key}", 0.0))),
-            *_param_norms(base, cand, lambda k: widened(end, cal.end_drift.get(f"param norm of {k}", 0.0)))]
-
-
 class ReorderCalibration(BaseModel):
     """How far the baseline drifts from itself when only its float association changes."""
 
@@ -259,6 +245,22 @@ class ReorderCalibration(BaseModel):
     end_drift: dict[str, float] = Field(default_factory=dict, description=(
         "'probe <key>' and 'param norm of <group>': their relative self-drift, widening their bands alike"))
     detail: str = ""
+
+
+def _reorder(base: NumericsData, cand: NumericsData, calibration: ReorderCalibration | None = None) -> list[Measure]:
+    """Every point against the fixed band times the calibrated scale, or SAFETY times the baseline's own
+    drift at that point where that is wider (at most REORDER_POINT_MAX)."""
+    cal = calibration or ReorderCalibration()
+
+    def widened(fixed: float, drift: float) -> float:
+        return max(fixed, min(REORDER_POINT_MAX, REORDER_SAFETY * drift))
+
+    def step_band(step: int) -> float:
+        return widened(reorder_band(step, cal.scale), cal.step_drift[step] if step < len(cal.step_drift) else 0.0)
+    end = reorder_band(len(base.losses), cal.scale)
+    return [*_trajectories(base, cand, step_band, step_band),
+            _probe_rel_l2(base, cand, lambda key: widened(end, cal.end_drift.get(f"probe {key}", 0.0))),
+            *_param_norms(base, cand, lambda k: widened(end, cal.end_drift.get(f"param norm of {k}", 0.0)))]
 
 
 def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
@@ -292,12 +294,12 @@ def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> R
     scale = min(REORDER_MAX_SCALE, max(1.0, REORDER_SAFETY * ratio))
     calibration = ReorderCalibration(scale=scale, worst=ratio, quantity=where, step_drift=step_drift,
                                      end_drift=end_drift)
-    points = [i for i, d in enumerate(step_drift) if REORDER_SAFETY * d > reorder_band(i, scale)]
+    points = [f"step {i}" for i, d in enumerate(step_drift) if REORDER_SAFETY * d > reorder_band(i, scale)]
     points += [w for w, d in end_drift.items() if REORDER_SAFETY * d > reorder_band(len(step_drift), scale)]
     detail = (f"the baseline against itself with float association free drifts by at most {ratio:.2g} of the "
               f"reorder band ({where}), so its bands are x{scale:.2f}")
     if points:
-        named = ", ".join(f"step {p}" if isinstance(p, int) else p for p in points[:4])
+        named = ", ".join(points[:4])
         detail += (f"; {len(points)} point(s) drift further ({named}{', ...' if len(points) > 4 else ''}) and get "
                    f"{REORDER_SAFETY:g}x their own drift, at most {REORDER_POINT_MAX:g}")
     return calibration.model_copy(update={"detail": detail})
