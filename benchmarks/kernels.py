@@ -19,6 +19,10 @@ CUDA (cached), else ANCHORS' 4.24 TB/s copy and 780 TFLOP/s bf16.
 ``--tune`` also times the group-tile kernels at every (tail_block_b, tail_num_warps, tail_num_stages)
 of ``TUNE_GRID``: the data to set the "auto" rule of ``triton_tail.TailKernelConfig`` by.
 
+The forward is timed (and checked) twice: as configured by default (1 group per program) and with
+``groups_per_program=2`` ("tail_forward_2gpp": two adjacent groups stored as one 2G-wide tile, for
+wider stores of z), in the main table and in every tune row, so one GPU run compares them.
+
 Markdown tables go to stdout, everything to the --out JSON.
 """
 
@@ -30,7 +34,7 @@ import json
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -49,6 +53,7 @@ MAIN = {"B": 256, "Ht": 768, "L": 670_080, "F": 64, "G": 32}
 SMOKE = ({"B": 8, "Ht": 24, "L": 96, "F": 8, "G": 8}, {"B": 5, "Ht": 20, "L": 84, "F": 6, "G": 12})
 TUNE_GRID = tuple((b, w, s) for b in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))
 SMOKE_TUNE_GRID = ((16, 4, 2), (32, 2, 3))
+FORWARD_PAIRED = "tail_forward_2gpp"  # check / tune name of the forward at groups_per_program=2
 # the fused kernel's positives formats (triton_fused_bce), by check / tune name; "list" is the measured default
 FUSED_FORMATS = {"tail_fused_bce": "list", "tail_fused_bce_bits": "bits"}
 
@@ -136,6 +141,8 @@ def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warm
     for block_b, warps, stages in grid:
         c = TailKernelConfig(block_b, warps, stages)
         ops = {"tail_forward": lambda: tail_forward_triton(h, idx, w, bias, config=c),
+               FORWARD_PAIRED: functools.partial(tail_forward_triton, h, idx, w, bias,
+                                                 config=replace(c, groups_per_program=2)),
                "tail_backward_weight": lambda: tail_backward_weight_triton(dz, h, idx, config=c),
                "tail_backward_input": lambda: tail_backward_input_triton(dz, idx, w, shape["Ht"], csr=csr, config=c),
                **{name: functools.partial(tail_fused_bce_triton, h, idx, w, bias, None, rows, cols, 1 / shape["B"],
@@ -153,7 +160,7 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
     from targets.haste_rec.triton_fused_bce import tail_fused_bce_traffic, tail_fused_bce_triton
     from targets.haste_rec.triton_perlabel import (perlabel_backward_input_triton, perlabel_backward_weight_triton,
                                                    perlabel_forward_triton)
-    from targets.haste_rec.triton_tail import tail_backward_weight_triton, tail_forward_triton
+    from targets.haste_rec.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
     from targets.haste_rec.triton_tail_backward import (build_slot_csr, tail_backward_input_atomic,
                                                         tail_backward_input_traffic, tail_backward_input_triton)
 
@@ -163,8 +170,11 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
     pshape = {"B": B, "Ht": Ht, "L": K * G, "F": Fi}
     f32 = lambda *ts_: tuple(t.float() if torch.is_tensor(t) and t.is_floating_point() else t for t in ts_)  # noqa: E731
 
+    tf2 = functools.partial(tail_forward_triton, h, idx, w, bias, config=TailKernelConfig(groups_per_program=2))
+    z_want = ts.tail_forward(*f32(h, idx, w, bias))
     checks = {
-        "tail_forward": _rel_err(tail_forward_triton(h, idx, w, bias), ts.tail_forward(*f32(h, idx, w, bias))),
+        "tail_forward": _rel_err(tail_forward_triton(h, idx, w, bias), z_want),
+        FORWARD_PAIRED: _rel_err(tf2(), z_want),
         "tail_backward_weight": _rel_err(tail_backward_weight_triton(dz, h, idx),
                                          ts.tail_backward_weight(*f32(dz, h, idx))),
         "tail_backward_input": _rel_err(tail_backward_input_triton(dz, idx, w, Ht, csr=csr),
@@ -172,6 +182,7 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
         "tail_backward_input_atomic": _rel_err(tail_backward_input_atomic(dz, idx, w, Ht),
                                                ts.tail_backward_input(*f32(dz, idx, w), Ht)),
     }
+    del z_want
     fused = {fmt: functools.partial(tail_fused_bce_triton, h, idx, w, bias, None, rows, cols, 1.0 / B, csr=csr,
                                     positives_format=fmt) for fmt in FUSED_FORMATS.values()}
     want = ts.tail_fused_bce(*f32(h, idx, w, bias), None, rows, cols, 1.0 / B)
@@ -223,6 +234,7 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
         Op("dense FLOPs-matched fwd", lambda: F.linear(x, wd, bd), _dense_cost(B, Fi, K * G, e, False)),
         Op("dense FLOPs-matched fwd+bwd", dense_fwd_bwd, _dense_cost(B, Fi, K * G, e, True)),
         Op("triton tail_forward", tf, c_fwd),
+        Op("triton tail_forward (2 groups per program)", tf2, c_fwd),
         Op("triton tail_backward_weight", tbw, c_bw),
         Op("triton tail_backward_input (CSR, deterministic)", tbi, c_bi, m_bi),
         Op("triton tail_backward_input (atomicAdd)", lambda: tail_backward_input_atomic(dz, idx, w, Ht), c_bi),

@@ -15,7 +15,12 @@ sector of each row (~36 of 48 sectors per row at Ht=768, F=64: 9x the bytes used
 hand the kernels a column-major copy (0.4 MB at B=256, H=768), so each picked dim is one
 contiguous run of BLOCK_B rows; the kernels only see strides, so any layout stays correct.
 
-- forward: grid (K,); z[b, kG:(k+1)G] = H[b, I_k] @ W_k^T + bias_k, chunk by chunk.
+- forward: grid (K,); z[b, kG:(k+1)G] = H[b, I_k] @ W_k^T + bias_k, chunk by chunk. With
+  ``TailKernelConfig.groups_per_program=2``, grid (cdiv(K, 2),): groups 2p and 2p+1 take two 2-D ``tl.dot``
+  (a batched 3-D dot compiled to Hopper's older MMA and ran slower) and one [BLOCK_B, 2G] store. Why: z
+  is most of the forward's bytes, and one G=32 bf16 group writes 64-byte row segments (0.180 ms, 58% of
+  the copy rate at the main shape) where G=64's 128-byte ones reached 0.149 ms. Any G and an odd K are
+  masked; only a power-of-two G >= 16 makes the 2G columns one contiguous segment.
 - backward weight: grid (K,); dw[k] = sum over B chunks of dZ_k^T [G, BLOCK_B] @ H[:, I_k] [BLOCK_B, F].
 
 Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` so
@@ -28,8 +33,9 @@ L2-served (h is read K*F/Ht times from L2, in whole sectors thanks to the column
 the 2*e*B*Ht bytes of that copy; idx, w, z, dz and dw move exactly once.
 
 Limits: G and F must each fit one tile (padded to <= 256: register pressure), which covers the
-shipped shapes (G <= 64, F <= 128). bf16 works on GPU; Triton's CPU interpreter computes bf16
-wrongly, so the CPU tests cover fp32 and fp16 only.
+shipped shapes (G <= 64, F <= 128). 2 groups per program hold two groups' tiles: compiled for sm_90 at
+G=32, F=64, BLOCK_B=64, 4 warps, 221 registers a thread against 128. bf16 works on GPU; Triton's CPU
+interpreter computes bf16 wrongly, so the CPU tests cover fp32 and fp16 only.
 """
 
 from __future__ import annotations
@@ -62,11 +68,17 @@ class TailKernelConfig:
     the same bits on every run. BLOCK_B sets the batch chunking of the weight-gradient and loss sums
     (their float association) and num_warps can change the MMA instruction, so both are "reorder"
     knobs; num_stages only changes how far loads run ahead, not the arithmetic.
+
+    groups_per_program (forward only, no knob yet): 2 has each program store two adjacent groups as
+    one [BLOCK_B, 2G] tile, for wider row segments of z (see the module docstring). Exact: the same
+    products in the same order. Default 1, the measured one, until a GPU run shows 2 is faster;
+    "auto" also means 1.
     """
 
     block_b: int | str = AUTO
     num_warps: int | str = AUTO
     num_stages: int | str = AUTO
+    groups_per_program: int | str = 1
 
     def resolve(self, batch: int, size: int, fan_in: int) -> tuple[int, int, int]:
         """(BLOCK_B, num_warps, num_stages) for B, G, F."""
@@ -75,6 +87,13 @@ class TailKernelConfig:
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
         num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)
         return _pad(min(block_b, max(batch, 1))), num_warps, num_stages
+
+    def resolve_groups_per_program(self) -> int:
+        """GROUPS_PER_PROGRAM of the forward kernel: 1 or 2."""
+        groups = 1 if self.groups_per_program == AUTO else int(self.groups_per_program)
+        if groups not in (1, 2):
+            raise ValueError(f"groups_per_program must be 1, 2 or {AUTO!r}, got {self.groups_per_program!r}")
+        return groups
 
 
 DEFAULT_CONFIG = TailKernelConfig()
@@ -171,25 +190,58 @@ def column_major(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- forward
 
 @triton.jit
-def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
-                         B, G, F,
-                         stride_hb, stride_hh, stride_zb,
-                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                         BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
-    k = tl.program_id(0).to(tl.int64)
+def _forward_group(idx_ptr, w_ptr, bias_ptr, k, G, F,
+                   HAS_BIAS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
+    """What the forward keeps of group k across the batch: its fan-in dims, W_k^T and bias_k (fp32)."""
     cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
-    wt = tl.trans(w)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + k * G + offs_g, mask=mask_g, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros((BLOCK_G,), dtype=tl.float32)  # not added
+    return cols, tl.trans(w), bias, mask_f
+
+
+@triton.jit
+def _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, stride_hh,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr):
+    """One group's fp32 [BLOCK_B, BLOCK_G] tile of z for one batch chunk: H[rows, I_k] @ W_k^T + bias_k."""
+    h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
+    acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), IEEE)
+    if HAS_BIAS:
+        acc += bias[None, :]
+    return acc
+
+
+@triton.jit
+def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
+                         B, K, G, F,
+                         stride_hb, stride_hh, stride_zb,
+                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                         BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Groups GROUPS_PER_PROGRAM * p + j (j < GROUPS_PER_PROGRAM, 1 or 2), stored as one tile per chunk."""
+    first = tl.program_id(0).to(tl.int64) * GROUPS_PER_PROGRAM
+    cols, wt, bias, mask_f = _forward_group(idx_ptr, w_ptr, bias_ptr, first, G, F, HAS_BIAS, BLOCK_G, BLOCK_F)
+    if GROUPS_PER_PROGRAM == 2:
+        # odd K: the last program recomputes group K-1 as its second group (in bounds); the store masks it off
+        second = tl.minimum(first + 1, K - 1)
+        cols1, wt1, bias1, _ = _forward_group(idx_ptr, w_ptr, bias_ptr, second, G, F, HAS_BIAS, BLOCK_G, BLOCK_F)
+    # tile column c holds label c % BLOCK_G of group first + c // BLOCK_G: with G == BLOCK_G the columns
+    # are one contiguous run of GROUPS_PER_PROGRAM * G labels, else the padding lanes are masked off
+    offs_c = tl.arange(0, GROUPS_PER_PROGRAM * BLOCK_G)
+    group, label = first + offs_c // BLOCK_G, offs_c % BLOCK_G
+    mask_c = (label < G) & (group < K)
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
-        acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), IEEE)
-        if HAS_BIAS:
-            acc += bias[None, :]
-        tl.store(z_ptr + rows[:, None] * stride_zb + k * G + offs_g[None, :],
-                 acc.to(z_ptr.dtype.element_ty), mask=mask_b[:, None] & mask_g[None, :])
+        acc = _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, stride_hh,
+                             HAS_BIAS, IEEE, BLOCK_B, BLOCK_G)
+        if GROUPS_PER_PROGRAM == 2:
+            acc1 = _forward_chunk(h_ptr, rows, mask_b, cols1, mask_f, wt1, bias1, stride_hb, stride_hh,
+                                  HAS_BIAS, IEEE, BLOCK_B, BLOCK_G)
+            # [BLOCK_B, BLOCK_G, 2] -> [BLOCK_B, 2, BLOCK_G] -> [BLOCK_B, 2 * BLOCK_G]: group-major columns
+            acc = tl.reshape(tl.permute(tl.join(acc, acc1), (0, 2, 1)), (BLOCK_B, 2 * BLOCK_G))
+        tl.store(z_ptr + rows[:, None] * stride_zb + (group * G + label)[None, :],
+                 acc.to(z_ptr.dtype.element_ty), mask=mask_b[:, None] & mask_c[None, :])
 
 
 def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
@@ -213,10 +265,11 @@ def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
         return z
     h = column_major(h)
     block_b, num_warps, num_stages = config.resolve(B, G, F)
-    _tail_forward_kernel[(K,)](
-        h, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(), z, B, G, F,
+    groups = config.resolve_groups_per_program()
+    _tail_forward_kernel[(triton.cdiv(K, groups),)](
+        h, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(), z, B, K, G, F,
         h.stride(0), h.stride(1), z.stride(0),
-        HAS_BIAS=bias is not None, IEEE=h.dtype == torch.float32,
+        HAS_BIAS=bias is not None, IEEE=h.dtype == torch.float32, GROUPS_PER_PROGRAM=groups,
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return z
 

@@ -19,7 +19,7 @@ def test_smoke_run(tmp_path, capsys) -> None:
     assert len(report["configs"]) == len(SMOKE) and report["repeats"] == 2
     names = None
     for config in report["configs"]:
-        assert config["failed_checks"] == [] and len(config["checks"]) == 15
+        assert config["failed_checks"] == [] and len(config["checks"]) == 16
         rows = {r["name"]: r for r in config["rows"]}
         names = names or set(rows)
         assert set(rows) == names and all(r["ms"] > 0 and r["repeats"] == 2 for r in rows.values())

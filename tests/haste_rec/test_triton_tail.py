@@ -1,5 +1,6 @@
-"""Triton HASTE tail kernels (the three slots, the transposed index, the atomic variant) against the
-float64 torch references, on fresh random inputs with outputs poisoned (NaN) at allocation.
+"""Triton HASTE tail kernels (the three slots, the transposed index, the atomic variant, the forward at
+2 groups per program) against the float64 torch references, on fresh random inputs with outputs
+poisoned (NaN) at allocation.
 
 Without a GPU they run on Triton's CPU interpreter in fp32 and fp16 (the interpreter computes bf16
 wrongly); with one, on the GPU in fp32 and bf16. The other test_triton_tail_* modules import the
@@ -127,6 +128,29 @@ def test_small_blocks_and_strided_inputs(block_b: int) -> None:
                 tail_backward_input(*f64((dz, idx, w, dims))), torch.float32)
 
 
+# ----------------------------------------------------------------------------- two groups per program
+
+PAIR_SHAPES = ({"B": 37, "Ht": 40, "K": 4, "G": 16, "F": 9, "bias": 1},    # even K, three batch chunks
+               {"B": 19, "Ht": 40, "K": 5, "G": 16, "F": 13, "bias": 0},   # odd K: the last program has one group
+               {"B": 19, "Ht": 40, "K": 4, "G": 32, "F": 13, "bias": 0},
+               {"B": 37, "Ht": 33, "K": 3, "G": 32, "F": 20, "bias": 1},
+               {"B": 19, "Ht": 40, "K": 5, "G": 7, "F": 13, "bias": 1},    # G < BLOCK_G: padding lanes masked
+               {"B": 1, "Ht": 4, "K": 1, "G": 1, "F": 1, "bias": 0})
+PAIR_CASES = PAIR_SHAPES + (GPU_SHAPES[:2] if DEVICE == "cuda" else ())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", PAIR_CASES, ids=shape_id)
+def test_two_groups_per_program_match_one_bit_for_bit(shape: dict, dtype: torch.dtype) -> None:
+    """groups_per_program only regroups the stores: the same products in the same order, so the same bits."""
+    inputs = make(tail_forward_inputs, shape, dtype, seed=11)
+    one = triton_tail_impls(TailKernelConfig(block_b=16))["tail_forward"](*inputs)
+    with poisoned_allocations():
+        two = triton_tail_impls(TailKernelConfig(block_b=16, groups_per_program=2))["tail_forward"](*inputs)
+    assert torch.equal(one, two), "2 groups per program must give the 1-group path's bits"
+    check_close(two, tail_forward(*f64(inputs)), dtype)
+
+
 # ----------------------------------------------------------------------------- input gradient
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -179,6 +203,9 @@ def test_config_resolution_is_a_fixed_rule() -> None:
     assert TailKernelConfig().resolve(256, 64, 128) == (32, 8, 3)
     assert TailKernelConfig().resolve(5, 7, 13) == (16, 4, 3)      # a batch of 5 needs one 16-row tile
     assert TailKernelConfig(block_b=128, num_warps=2, num_stages=1).resolve(100, 8, 8) == (128, 2, 1)
+    assert [TailKernelConfig(groups_per_program=g).resolve_groups_per_program() for g in (1, 2, "auto")] == [1, 2, 1]
+    with pytest.raises(ValueError, match="groups_per_program"):
+        TailKernelConfig(groups_per_program=3).resolve_groups_per_program()
 
 
 @pytest.mark.parametrize("stages", [1, 2, 4])
