@@ -105,8 +105,8 @@ SET_OPT = typer.Option([], "--set", help="knob=value, repeatable")
 DATA_OPT = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification text format) "
                                              "instead of synthetic data")
 DEVICE_OPT = typer.Option("cpu", help="cpu or cuda")
-THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker (default: one per CPU it may use, "
-                                             "at most 16 on cuda)")
+THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker (default: torch's own on cpu; one per "
+                                             "CPU it may use, at most 16, on cuda)")
 RANKS_OPT = typer.Option(1, "--ranks", help="run every worker as this many processes of one torch.distributed job "
                                             "(torchrun, one device each; a rank takes --threads, else its share of "
                                             "the CPUs; step times are the slowest rank's); the target needs a "

@@ -167,21 +167,25 @@ def allowed_cpus() -> int:
 
 
 def default_threads(device: str, cpus: int) -> int:
-    """CPU threads of a worker whose request leaves the count open, given the CPUs it may use.
+    """CPU threads of a GPU worker (or of a rank) whose request leaves the count open, given its CPUs.
 
-    On the CPU the math runs on them: every one. With a GPU the host builds batches and launches
-    kernels, and threads on every core leave none for the driver and the loader, so at most
-    CUDA_HOST_THREADS: on the 32-core host of two H200s (2026-11-29), haste-rec @ large with 32 threads
-    stepped in 216 ms median, 336 ms p90 (bimodal), with 16 or 8 threads in 117 ms with p90 within 1%.
+    With a GPU the host builds batches and launches kernels, and threads on every core leave none for
+    the driver and the loader, so at most CUDA_HOST_THREADS: on the 32-core host of two H200s
+    (2026-11-29), haste-rec @ large with 32 threads stepped in 216 ms median, 336 ms p90 (bimodal),
+    with 16 or 8 threads in 117 ms with p90 within 1%. On the CPU the math runs on them: every one.
     """
     cpus = max(1, cpus)
     return cpus if device == "cpu" else min(cpus, CUDA_HOST_THREADS)
 
 
 def open_device(req: WorkerRequest) -> torch.device:
-    """Apply the request's CPU thread count (else ``default_threads``) and resolve its device: the first
-    thing every worker does."""
-    torch.set_num_threads(req.threads or default_threads(req.device, allowed_cpus()))
+    """Apply the request's CPU thread count and resolve its device: the first thing every worker does.
+    Without a count, a CPU run keeps torch's own default (one per physical core) and a GPU run takes
+    ``default_threads``."""
+    if req.threads:
+        torch.set_num_threads(req.threads)
+    elif req.device != "cpu":
+        torch.set_num_threads(default_threads(req.device, allowed_cpus()))
     return resolve_device(req.device)
 
 

@@ -87,8 +87,11 @@ def test_default_threads_cap_a_gpu_workers_host_threads_only():
     assert default_threads("cuda", 0) == 1
 
 
-def test_a_worker_without_a_thread_count_reports_the_default():
-    from targets.worker import allowed_cpus, default_threads
+def test_a_cpu_worker_without_a_thread_count_keeps_torchs_default():
+    import subprocess
+    import sys
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True, env=scrubbed_env())
     result = _run("ok")
     assert result.ok, result.failure
-    assert result.environment.threads == default_threads("cpu", allowed_cpus())
+    assert result.environment.threads == int(fresh.stdout)
