@@ -169,10 +169,10 @@ def allowed_cpus() -> int:
 def default_threads(device: str, cpus: int) -> int:
     """CPU threads of a GPU worker (or of a rank) whose request leaves the count open, given its CPUs.
 
-    With a GPU the host builds batches and launches kernels, and threads on every core leave none for
-    the driver and the loader, so at most CUDA_HOST_THREADS: on the 32-core host of two H200s
-    (2026-11-29), haste-rec @ large with 32 threads stepped in 216 ms median, 336 ms p90 (bimodal),
-    with 16 or 8 threads in 117 ms with p90 within 1%. On the CPU the math runs on them: every one.
+    With a GPU the host only builds batches and launches kernels, and a thread on every core made its
+    steps stall, so at most CUDA_HOST_THREADS: on the 32-core host of two H200s (2026-11-29),
+    haste-rec @ large with 32 threads stepped in 216 ms median, 336 ms p90 (bimodal), with 16 or 8
+    threads in 117 ms with p90 within 1%. On the CPU the math runs on them: every one.
     """
     cpus = max(1, cpus)
     return cpus if device == "cpu" else min(cpus, CUDA_HOST_THREADS)
