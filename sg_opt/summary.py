@@ -227,6 +227,8 @@ def _step_times(state: RunState, run_dir: Path, notes: list[str]) -> tuple[StepT
         final = Path(state.final.file)
         ab = ABResult.model_validate_json(final.read_text())
         source = _relative(run_dir, final)
+        if state.final.note:
+            notes.append(state.final.note)
         return _step_time(ab.a.block_medians, source), _step_time(ab.b.block_medians, source)
     if state.baseline is not None and Path(state.baseline.calibration_file).is_file():
         calibration = Path(state.baseline.calibration_file)

@@ -135,6 +135,7 @@ class FinalMeasurement(BaseModel):
     ci_high: float | None = None
     verdict: str
     file: str
+    note: str | None = Field(None, description="set when the first final measurement was disturbed and repeated")
 
 
 class RunState(BaseModel):

@@ -62,6 +62,8 @@ Verdict = Literal["faster", "slower", "no-difference", "failed"]
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_FLOOR = 0.01
+DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
+DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run
 UNCALIBRATED_FLOOR = 0.10  # for callers that skip calibration; the shared 2-core CI box calibrates to 6-10%
 
 
@@ -261,6 +263,20 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
         runs.append(run)
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
+
+
+def block_spread(result: ABResult) -> float:
+    """The larger of the two sides' relative spread of block medians (slowest / fastest - 1)."""
+    spreads = [max(m) / min(m) - 1.0 for m in (result.a.block_medians, result.b.block_medians) if m and min(m) > 0]
+    return max(spreads, default=0.0)
+
+
+def disturbed(result: ABResult, floor: float) -> bool:
+    """Whether some blocks of a side ran far slower than its others: a spread above DISTURBED_SPREAD and
+    DISTURBED_FLOORS noise floors. The median of pair ratios then mixes stalled pairs with steady ones
+    (the final A/B of one H200 run: baseline blocks of 117, 117, 117, 220, 190 and 334 ms against a
+    steady 29-30 ms gave 0.201, where its three steady pairs gave 0.250-0.258)."""
+    return block_spread(result) > max(DISTURBED_SPREAD, DISTURBED_FLOORS * floor)
 
 
 def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,

@@ -181,3 +181,36 @@ def test_host_tables_get_the_device_cache_rule_early(state, ctx):
     assert first["offline:device-cache"] == {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
     device = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)]})
     assert all(p.proposer != "offline:device-cache" for p in propose_offline(device, ctx, limit=50))
+
+
+def _final_ab(baseline_ms, best_ms, ratio):
+    from targets.worker_protocol import WorkerRequest
+    from validators.speedup import ABResult, SideSummary, block_order
+    spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench")
+    sides = [SideSummary(label=label, digest=label, spec=spec, block_medians=[ms / 1e3 for ms in medians])
+             for label, medians in (("baseline", baseline_ms), ("best", best_ms))]
+    return ABResult(a=sides[0], b=sides[1], ratio_definition="best_time / baseline_time", ratio=ratio,
+                    ci_low=ratio - 0.01, ci_high=ratio + 0.01, floor=0.011, verdict="faster",
+                    order=block_order(len(baseline_ms)), blocks=len(baseline_ms), steps_per_block=3)
+
+
+@pytest.mark.parametrize("disturbed_first", [True, False])
+def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(state, ctx, monkeypatch,
+                                                                              disturbed_first):
+    from state_machine.state import Baseline
+    # the final A/B of the --gpus 2 run on two H200s: three baseline blocks stalled
+    stalled = _final_ab([117, 117, 117, 220, 190, 334], [29.2, 29.9, 30.1, 29.5, 28.9, 29.2], 0.201)
+    steady = _final_ab([117, 116.8, 116.9, 117.2, 117.0, 116.9], [29.2, 29.9, 30.1, 29.5, 28.9, 29.2], 0.252)
+    queue = [stalled, steady] if disturbed_first else [steady, stalled]
+    monkeypatch.setattr(nodes, "measure_ab", lambda *args, **kwargs: queue.pop(0))
+    accepted = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
+                         verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.25))
+    run = state.model_copy(update={"history": [accepted], "baseline": Baseline(
+        numerics_file="n.json", step_ms=117.0, noise_floor=0.011, calibration_file="c.json")})
+    final = nodes.report(run, ctx)["final"]
+    assert final.ratio == 0.252
+    if disturbed_first:
+        assert not queue and "disturbed (block spread 185%" in final.note
+        assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
+    else:
+        assert queue == [stalled] and final.note is None  # a steady first measurement is not repeated

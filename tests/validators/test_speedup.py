@@ -258,3 +258,14 @@ def test_sides_build_at_once_only_on_a_gpu():
     gpu = INCUMBENT.model_copy(update={"device": "cuda"})
     assert overlap_builds(gpu, gpu.model_copy(update={"device": "cuda:0"}))
     assert not overlap_builds(cpu, cpu) and not overlap_builds(gpu, cpu)
+
+
+def test_stalled_blocks_mark_a_measurement_disturbed():
+    from validators.speedup import block_spread, disturbed
+    run = result_for(INCUMBENT, CANDIDATE)
+    run.a.block_medians, run.b.block_medians = [0.117, 0.117, 0.117, 0.220, 0.190, 0.334], [0.029, 0.030, 0.029]
+    assert block_spread(run) == pytest.approx(0.334 / 0.117 - 1) and disturbed(run, 0.011)
+    run.a.block_medians = [0.117, 0.1184, 0.1165]  # a steady side: 1.6% (the GPU's A/A blocks)
+    assert not disturbed(run, 0.011)
+    run.a.block_medians = [0.100, 0.140]  # 40%: disturbed on a GPU (floor 0.011), noise on a busy CPU box
+    assert disturbed(run, 0.011) and not disturbed(run, 0.10)
