@@ -4,10 +4,10 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 
 * **Side by side.** Two long-lived workers (``validators.ab_worker``, run by ``validators.ab_runner``),
   one per config, are built and warmed up (one after the other on a CPU, where two builds on the same
-  cores oversubscribe them; at once on a GPU), run one untimed settling block each, then run an even number of timed blocks in the balanced order A B B A A B B A
-  ... Each pair of blocks sits in the same minute of machine time and each side goes first in half
-  the pairs, so linear drift (thermal, turbo, a neighbour's load)
-  cancels instead of favouring whoever ran second.
+  cores oversubscribe them; at once on a GPU), run one untimed settling block each, then run an even
+  number of timed blocks in the balanced order A B B A A B B A ... Each pair of blocks sits in the
+  same minute of machine time and each side goes first in half the pairs, so linear drift (thermal,
+  turbo, a neighbour's load) cancels instead of favouring whoever ran second.
 * **Same cores.** Both workers are pinned to one CPU set (``shared_cpus``: the last ``threads`` CPUs
   this process may use, or all of them when a spec leaves threads to torch). Left to the scheduler,
   each process keeps to "its" core, and on a loaded machine one core is busier than the other for
@@ -31,6 +31,10 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   ``failed`` when either side crashed, hung, ran out of memory or produced a non-finite loss.
 * **Confirmation.** ``confirm_win`` accepts a win only if a second measurement in fresh processes
   says ``faster`` again.
+* **Stalled blocks.** ``disturbed`` flags a result in which a side's block medians spread by more than
+  ``DISTURBED_SPREAD`` = 25% and ``DISTURBED_FLOORS`` = 5 noise floors: something outside the workers
+  slowed part of the run, and the median of pair ratios then mixes stalled and steady pairs. The agent
+  repeats such a final measurement once and quotes the steadier run, keeping both.
 * **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
   knobs, kernel sources, data, device, seed, threads, ranks); ``assert_sides`` raises if they do not match
   the incumbent and candidate the caller meant.
