@@ -20,6 +20,7 @@ from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
 
 CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 
+
 def lane_count(gpus: int, ranks: int) -> int:
     """How many candidates fit at once: ``ranks`` GPUs each, at least one (the whole machine)."""
     return max(1, gpus // ranks)

@@ -247,6 +247,16 @@ class ReorderCalibration(BaseModel):
     detail: str = ""
 
 
+def _probe_point(key: str) -> str:
+    """The name of a probe output in ``ReorderCalibration.end_drift``."""
+    return f"probe {key}"
+
+
+def _norm_point(group: str) -> str:
+    """The name of a parameter group's norm in ``ReorderCalibration.end_drift``."""
+    return f"param norm of {group}"
+
+
 def _reorder(base: NumericsData, cand: NumericsData, calibration: ReorderCalibration | None = None) -> list[Measure]:
     """Every point against the fixed band times the calibrated scale, or SAFETY times the baseline's own
     drift at that point where that is wider (at most REORDER_POINT_MAX)."""
@@ -259,8 +269,8 @@ def _reorder(base: NumericsData, cand: NumericsData, calibration: ReorderCalibra
         return widened(reorder_band(step, cal.scale), cal.step_drift[step] if step < len(cal.step_drift) else 0.0)
     end = reorder_band(len(base.losses), cal.scale)
     return [*_trajectories(base, cand, step_band, step_band),
-            _probe_rel_l2(base, cand, lambda key: widened(end, cal.end_drift.get(f"probe {key}", 0.0))),
-            *_param_norms(base, cand, lambda k: widened(end, cal.end_drift.get(f"param norm of {k}", 0.0)))]
+            _probe_rel_l2(base, cand, lambda key: widened(end, cal.end_drift.get(_probe_point(key), 0.0))),
+            *_param_norms(base, cand, lambda k: widened(end, cal.end_drift.get(_norm_point(k), 0.0)))]
 
 
 def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
@@ -284,9 +294,9 @@ def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> R
                   for i, (x, y, gx, gy) in enumerate(zip(deterministic.losses, reordered.losses,
                                                          deterministic.grad_norms, reordered.grad_norms))]
     step_drift = [drift for drift, _ in step_worst]
-    end_drift = {f"probe {key}": _probe_error(deterministic, reordered, key) for key in deterministic.probe}
+    end_drift = {_probe_point(key): _probe_error(deterministic, reordered, key) for key in deterministic.probe}
     norms_a, norms_b = deterministic.digest.get("norms") or {}, reordered.digest.get("norms") or {}
-    end_drift.update({f"param norm of {k}": _rel(norms_a[k], norms_b[k]) for k in norms_a if k in norms_b})
+    end_drift.update({_norm_point(k): _rel(norms_a[k], norms_b[k]) for k in norms_a if k in norms_b})
     end = reorder_band(len(deterministic.losses))
     ratios = [(d / reorder_band(i), where) for i, (d, where) in enumerate(step_worst)]
     ratios += [(d / end, where) for where, d in end_drift.items()]
