@@ -19,9 +19,11 @@ CUDA (cached), else ANCHORS' 4.24 TB/s copy and 780 TFLOP/s bf16.
 ``--tune`` also times the group-tile kernels at every (tail_block_b, tail_num_warps, tail_num_stages)
 of ``TUNE_GRID``: the data to set the "auto" rule of ``triton_tail.TailKernelConfig`` by.
 
-The forward is timed (and checked) twice: as configured by default (1 group per program) and with
-``groups_per_program=2`` ("tail_forward_2gpp": two adjacent groups stored as one 2G-wide tile, for
-wider stores of z), in the main table and in every tune row, so one GPU run compares them.
+The forward is timed (and checked) as configured by default ("auto": 2 groups per program for G <= 16)
+and at each ``groups_per_program`` ("tail_forward" and "tail_forward_2gpp" in the tune rows: 1 and 2, two
+adjacent groups stored as one 2G-wide tile for wider stores of z); the fused loss at each positives
+format ("tail_fused_bce_list", "tail_fused_bce_bits"; the default is bits for G <= 64). So one GPU run
+compares the variants the defaults were chosen from.
 
 Markdown tables go to stdout, everything to the --out JSON.
 """
@@ -54,8 +56,8 @@ SMOKE = ({"B": 8, "Ht": 24, "L": 96, "F": 8, "G": 8}, {"B": 5, "Ht": 20, "L": 84
 TUNE_GRID = tuple((b, w, s) for b in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))
 SMOKE_TUNE_GRID = ((16, 4, 2), (32, 2, 3))
 FORWARD_PAIRED = "tail_forward_2gpp"  # check / tune name of the forward at groups_per_program=2
-# the fused kernel's positives formats (triton_fused_bce), by check / tune name; "list" is the measured default
-FUSED_FORMATS = {"tail_fused_bce": "list", "tail_fused_bce_bits": "bits"}
+# the fused kernel's positives formats (triton_fused_bce), by check / tune name
+FUSED_FORMATS = {"tail_fused_bce_list": "list", "tail_fused_bce_bits": "bits"}
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warm
     out = []
     for block_b, warps, stages in grid:
         c = TailKernelConfig(block_b, warps, stages)
-        ops = {"tail_forward": lambda: tail_forward_triton(h, idx, w, bias, config=c),
+        ops = {"tail_forward": functools.partial(tail_forward_triton, h, idx, w, bias,
+                                                 config=replace(c, groups_per_program=1)),
                FORWARD_PAIRED: functools.partial(tail_forward_triton, h, idx, w, bias,
                                                  config=replace(c, groups_per_program=2)),
                "tail_backward_weight": lambda: tail_backward_weight_triton(dz, h, idx, config=c),
@@ -170,7 +173,8 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
     pshape = {"B": B, "Ht": Ht, "L": K * G, "F": Fi}
     f32 = lambda *ts_: tuple(t.float() if torch.is_tensor(t) and t.is_floating_point() else t for t in ts_)  # noqa: E731
 
-    tf2 = functools.partial(tail_forward_triton, h, idx, w, bias, config=TailKernelConfig(groups_per_program=2))
+    tf1, tf2 = (functools.partial(tail_forward_triton, h, idx, w, bias, config=TailKernelConfig(groups_per_program=g))
+                for g in (1, 2))
     z_want = ts.tail_forward(*f32(h, idx, w, bias))
     checks = {
         "tail_forward": _rel_err(tail_forward_triton(h, idx, w, bias), z_want),
@@ -234,14 +238,14 @@ def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int
         Op("dense FLOPs-matched fwd", lambda: F.linear(x, wd, bd), _dense_cost(B, Fi, K * G, e, False)),
         Op("dense FLOPs-matched fwd+bwd", dense_fwd_bwd, _dense_cost(B, Fi, K * G, e, True)),
         Op("triton tail_forward", tf, c_fwd),
+        Op("triton tail_forward (1 group per program)", tf1, c_fwd),
         Op("triton tail_forward (2 groups per program)", tf2, c_fwd),
         Op("triton tail_backward_weight", tbw, c_bw),
         Op("triton tail_backward_input (CSR, deterministic)", tbi, c_bi, m_bi),
         Op("triton tail_backward_input (atomicAdd)", lambda: tail_backward_input_atomic(dz, idx, w, Ht), c_bi),
         Op("triton fwd + both bwd", lambda: (tf(), tbw(), tbi()), _add(c_fwd, c_bw, c_bi), _add(c_fwd, c_bw, m_bi)),
-        Op("triton fused bce fwd+loss+bwd", fused["list"], c_fused, tail_fused_bce_traffic(shape, dtype)),
-        Op("triton fused bce fwd+loss+bwd (positives as bits)", fused["bits"], c_fused,
-           tail_fused_bce_traffic(shape, dtype, "bits")),
+        *(Op(f"triton fused bce fwd+loss+bwd (positives as {'a list' if fmt == 'list' else fmt})", fused[fmt],
+             c_fused, tail_fused_bce_traffic(shape, dtype, fmt)) for fmt in FUSED_FORMATS.values()),
         Op("triton per-label fwd", lambda: perlabel_forward_triton(h, pidx, pw), c_pf),
         Op("triton per-label bwd weight", pbw, c_pbw),
         Op("triton per-label bwd input", pbi, c_pbi),

@@ -12,16 +12,16 @@ Contract (``tail_fused_bce_triton``, same positional arguments as the torch refe
 - col_weight fp32 [K, G] or None: a per-column loss weight (the trainer's padding columns are 0).
 - rows, cols int64 [P]: the positives, (batch row, tail column k*G + g); a repeated pair counts once,
   a column outside [0, K*G) is ignored (the trainer passes the head's positives too), as is a row outside [0, B).
-  ``positives_format`` picks how the kernel gets them (a prebuilt ``positives`` of that format is used as is):
-  "list" (default, the one measured on the H200): regrouped by group (``tail_positives``, a stable argsort:
+  ``positives_format`` picks how the kernel gets them (a prebuilt ``positives`` of that format is used as is;
+  "auto", the default, is "bits" for G <= 64 and "list" above): "list": regrouped by group (``tail_positives``, a stable argsort:
   deterministic) so a program finds its group's few positives (B*labels/K ~ 0.06 per group at 670K labels)
   in a short loop instead of reading a B x K*G target mask (171 MB as bytes); but that loop's dynamic
   bounds sit inside the batch loop, and the regrouping is several launches per call. "bits" (G <= 64):
   a [K, B] bitmask, bit g of [k, b] set iff (b, k*G + g) is a positive (``tail_positive_bits``: one
   launch of atomic ORs into a zeroed tensor, no sort, no sync), so a chunk's targets are one [BLOCK_B]
-  load and a shift, with no loop. Both give the same results. Compiled for sm_90 (Triton 3.9), the bits
-  kernel's batch loop is software-pipelined (cp.async of the words) and the list kernel's is not; the
-  gather of h is pipelined in neither (nor in ``tail_forward``). Which is faster is for a GPU run to say.
+  load and a shift, with no loop. Both give the same results. Compiled for sm_90, the bits kernel's batch
+  loop is software-pipelined (cp.async of the words) and the list kernel's is not. On the H200 (bf16, B=256,
+  F=64) bits took 1.45 ms against 1.98 at L=670K, G=32, and was faster at every measured G and L.
 - scale: float, the loss's factor (1/B for the trainer's sum over labels, mean over the batch).
 
 Returns (loss fp32 0-dim, dh [B, Ht], dw, dbias or None), with
@@ -68,7 +68,7 @@ class TailPositives:
     group_ptr: torch.Tensor
 
 
-POSITIVE_FORMATS = ("list", "bits")
+POSITIVE_FORMATS = ("auto", "list", "bits")
 MAX_BITS_SIZE = 64  # labels per group one bitmask word holds (int64)
 _BITS_BLOCK = 1024  # pairs one program of the bitmask kernel sets
 
@@ -224,15 +224,17 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
 
 def _kernel_positives(positives_format: str, positives: TailPositives | torch.Tensor | None, rows: torch.Tensor,
                       cols: torch.Tensor, groups: int, size: int, batch: int, device: torch.device
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernel's (rows, cols, group_ptr, bits) operands: the format's own, built when not given, and
-    placeholders the kernel never reads for the other format's."""
+                      ) -> tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The format the kernel reads ("auto" resolved) and its (rows, cols, group_ptr, bits) operands: the
+    format's own, built when not given, and placeholders the kernel never reads for the other format's."""
+    if positives_format == "auto":
+        positives_format = "bits" if size <= MAX_BITS_SIZE else "list"
     if positives_format == "list":
         if positives is None:
             positives = tail_positives(rows, cols, groups, size)
         elif not isinstance(positives, TailPositives):
             raise ValueError(f"positives_format='list' takes TailPositives, got {type(positives).__name__}")
-        return positives.rows, positives.cols, positives.group_ptr, positives.group_ptr
+        return positives_format, (positives.rows, positives.cols, positives.group_ptr, positives.group_ptr)
     if positives_format != "bits":
         raise ValueError(f"positives_format must be one of {POSITIVE_FORMATS}, got {positives_format!r}")
     dtype = positive_bits_dtype(size)
@@ -243,18 +245,18 @@ def _kernel_positives(positives_format: str, positives: TailPositives | torch.Te
         raise ValueError(f"positives_format='bits' takes the [{groups}, {batch}] {dtype} bitmask of "
                          f"tail_positive_bits on {device}")
     bits = positives.contiguous()
-    return bits, bits, bits, bits
+    return positives_format, (bits, bits, bits, bits)
 
 
 def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                           col_weight: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor, scale: float,
                           positives: TailPositives | torch.Tensor | None = None, csr: SlotCSR | None = None,
-                          config: TailKernelConfig = DEFAULT_CONFIG, *, positives_format: str = "list"
+                          config: TailKernelConfig = DEFAULT_CONFIG, *, positives_format: str = "auto"
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(loss, dh, dw, dbias): see the module docstring. ``positives`` (``tail_positives`` for "list",
     ``tail_positive_bits`` for "bits", from rows and cols) and ``csr`` (``slot_csr(idx, Ht)``) are built
-    when not given. The default format stays "list", the one measured on the H200 (1.93 ms at the main
-    shape), until a GPU run times "bits" against it (``benchmarks.kernels``); "bits" needs G <= 64."""
+    when not given. "auto" reads the positives as a bitmask where G <= 64 (the faster format on the H200),
+    as a list above."""
     check_h_idx(h, idx)
     if w.dim() != 3:
         raise ValueError(f"w must be [K, G, F], got shape {tuple(w.shape)}")
@@ -269,7 +271,7 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     if col_weight is not None:
         check_operand(col_weight, (K, G), h, "col_weight", any_float=True)
     BLOCK_G, BLOCK_F = check_tiles(G, F)
-    prows, pcols, gptr, bits = _kernel_positives(positives_format, positives, rows, cols, K, G, B, h.device)
+    positives_format, (prows, pcols, gptr, bits) = _kernel_positives(positives_format, positives, rows, cols, K, G, B, h.device)
     csr = slot_csr(idx, Ht) if csr is None else csr
 
     loss_part = torch.empty(K, dtype=torch.float32, device=h.device)
@@ -282,7 +284,7 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     scratch = torch.empty((K * F, B), dtype=h.dtype, device=h.device)
     hc = column_major(h)
     logits_dtype = h.dtype if bias is None else torch.promote_types(h.dtype, bias.dtype)
-    block_b, num_warps, num_stages = config.resolve(B, G, F)
+    block_b, num_warps, num_stages = config.resolve(B, G, F, fused=True)
     _tail_fused_bce_kernel[(K,)](
         hc, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(),
         w if col_weight is None else col_weight.float().contiguous(),
@@ -298,13 +300,13 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     return loss, dh, dw, dbias
 
 
-def tail_fused_bce_traffic(shape: Mapping[str, int], dtype: torch.dtype, positives_format: str = "list"
+def tail_fused_bce_traffic(shape: Mapping[str, int], dtype: torch.dtype, positives_format: str = "auto"
                            ) -> FlopsBytes:
     """What the kernels move: the minimum plus the dX scratch written and read once and the CSR reads;
     with "bits", the bitmask written once (zero fill) and read once."""
     minimum = tail_fused_bce_cost(shape, dtype)
     B, Ht, K, G, F = (shape[k] for k in ("B", "Ht", "K", "G", "F"))
     extra = 2 * dtype.itemsize * B * K * F + 4 * (2 * K * F + Ht + 1) + 4 * K
-    if positives_format == "bits":
+    if positives_format == "bits" or (positives_format == "auto" and G <= MAX_BITS_SIZE):
         extra += 2 * positive_bits_dtype(G).itemsize * K * B
     return FlopsBytes(minimum.flops, minimum.bytes + extra)

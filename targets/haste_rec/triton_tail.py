@@ -69,28 +69,36 @@ class TailKernelConfig:
     (their float association) and num_warps can change the MMA instruction, so both are "reorder"
     knobs; num_stages only changes how far loads run ahead, not the arithmetic.
 
-    groups_per_program (forward only, no knob yet): 2 has each program store two adjacent groups as
-    one [BLOCK_B, 2G] tile, for wider row segments of z (see the module docstring). Exact: the same
-    products in the same order. Default 1, the measured one, until a GPU run shows 2 is faster;
-    "auto" also means 1.
+    groups_per_program (forward only, no knob): 2 has each program store two adjacent groups as one
+    [BLOCK_B, 2G] tile, for wider row segments of z (see the module docstring). Exact: the same
+    products in the same order, so "auto" may pick it by shape: 2 for G <= 16, 1 above. On the H200
+    (bf16, B=256, F=64) 2 groups took 0.252 ms against 0.281 at G=16 (1.002 against 1.169 at 2.8M
+    labels) but 0.205 against 0.183 at G=32 and 0.650 against 0.577 at G=64.
+
+    ``resolve(..., fused=True)`` is the fused loss kernel's rule: it holds the forward tile, the loss,
+    dz, a dW accumulator and the dX tile at once, and ran fastest with half the forward's auto BLOCK_B
+    (H200, main shape: 1.10 ms at BLOCK_B=32 against 1.45 at 64).
     """
 
     block_b: int | str = AUTO
     num_warps: int | str = AUTO
     num_stages: int | str = AUTO
-    groups_per_program: int | str = 1
+    groups_per_program: int | str = AUTO
 
-    def resolve(self, batch: int, size: int, fan_in: int) -> tuple[int, int, int]:
-        """(BLOCK_B, num_warps, num_stages) for B, G, F."""
+    def resolve(self, batch: int, size: int, fan_in: int, *, fused: bool = False) -> tuple[int, int, int]:
+        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused``: for the fused loss kernel."""
         tile = _pad(size) * _pad(fan_in)
-        block_b = (64 if tile <= 64 * 64 else 32) if self.block_b == AUTO else int(self.block_b)
+        auto_block_b = 64 if tile <= 64 * 64 else 32
+        if fused:
+            auto_block_b //= 2
+        block_b = auto_block_b if self.block_b == AUTO else int(self.block_b)
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
         num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)
         return _pad(min(block_b, max(batch, 1))), num_warps, num_stages
 
-    def resolve_groups_per_program(self) -> int:
-        """GROUPS_PER_PROGRAM of the forward kernel: 1 or 2."""
-        groups = 1 if self.groups_per_program == AUTO else int(self.groups_per_program)
+    def resolve_groups_per_program(self, size: int) -> int:
+        """GROUPS_PER_PROGRAM of the forward kernel for groups of ``size`` labels: 1 or 2."""
+        groups = (2 if size <= 16 else 1) if self.groups_per_program == AUTO else int(self.groups_per_program)
         if groups not in (1, 2):
             raise ValueError(f"groups_per_program must be 1, 2 or {AUTO!r}, got {self.groups_per_program!r}")
         return groups
@@ -265,7 +273,7 @@ def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
         return z
     h = column_major(h)
     block_b, num_warps, num_stages = config.resolve(B, G, F)
-    groups = config.resolve_groups_per_program()
+    groups = config.resolve_groups_per_program(G)
     _tail_forward_kernel[(triton.cdiv(K, groups),)](
         h, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(), z, B, K, G, F,
         h.stride(0), h.stride(1), z.stride(0),

@@ -23,9 +23,12 @@ def test_smoke_run(tmp_path, capsys) -> None:
         rows = {r["name"]: r for r in config["rows"]}
         names = names or set(rows)
         assert set(rows) == names and all(r["ms"] > 0 and r["repeats"] == 2 for r in rows.values())
-        assert rows["triton fused bce fwd+loss+bwd"]["moved_bytes"] > rows["triton fused bce fwd+loss+bwd"]["bytes"]
+        for fused in ("triton fused bce fwd+loss+bwd (positives as a list)",
+                      "triton fused bce fwd+loss+bwd (positives as bits)"):
+            assert rows[fused]["moved_bytes"] > rows[fused]["bytes"]
         assert [(t["block_b"], t["num_warps"], t["num_stages"]) for t in config["tune"]] == list(SMOKE_TUNE_GRID)
-        assert all(t[k] > 0 for t in config["tune"] for k in ("tail_forward", "tail_backward_input", "tail_fused_bce"))
+        assert all(t[k] > 0 for t in config["tune"] for k in ("tail_forward", "tail_forward_2gpp", "tail_backward_input",
+                                                                   "tail_fused_bce_list", "tail_fused_bce_bits"))
         assert set(config["ratios"]) == {"per-label / group-shared fwd", "per-label / group-shared bwd",
                                          "group-shared fwd+bwd / dense FLOPs-matched fwd+bwd"}
     assert {"triton tail_forward", "triton tail_backward_input (atomicAdd)", "triton per-label bwd (both)",

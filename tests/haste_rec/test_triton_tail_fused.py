@@ -152,11 +152,18 @@ def test_positives_format_checks() -> None:
     h, idx, w, bias, cw, rows, cols, scale = make(tail_fused_bce_inputs, small, torch.float32)
     bits = tail_positive_bits(rows, cols, 2, 5, 4)
     with pytest.raises(ValueError, match="takes TailPositives"):
-        tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits)
+        tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits, positives_format="list")
     with pytest.raises(ValueError, match="bitmask of tail_positive_bits"):
         tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits.long(), positives_format="bits")
-    traffic = {fmt: tail_fused_bce_traffic(small, torch.float32, fmt).bytes for fmt in ("list", "bits")}
+    traffic = {fmt: tail_fused_bce_traffic(small, torch.float32, fmt).bytes for fmt in ("list", "bits", "auto")}
     assert traffic["bits"] - traffic["list"] == 2 * 4 * 2 * 4  # int32 words, K x B, written and read once
+    assert traffic["auto"] == traffic["bits"]                   # G <= 64 reads bits by default
+    assert tail_fused_bce_traffic(shape, torch.float32).bytes == tail_fused_bce_traffic(shape, torch.float32, "list").bytes
+    # "auto" (the default) takes a prebuilt bitmask for G <= 64, and runs the list format above
+    got = tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, bits)
+    want = tail_fused_bce_triton(h, idx, w, bias, cw, rows, cols, scale, positives_format="list")
+    assert all(torch.equal(a, b) for a, b in zip(got[:3], want[:3]))
+    tail_fused_bce_triton(*inputs)
 
 
 # ----------------------------------------------------------------------------- through HasteOutput
