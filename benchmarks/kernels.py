@@ -152,9 +152,18 @@ def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warm
                                           csr=csr, config=c, positives_format=fmt)
                   for name, fmt in FUSED_FORMATS.items()}}
         out.append({"block_b": block_b, "num_warps": warps, "num_stages": stages,
-                    **{name: statistics.median(_times_ms(fn, device, warmup, repeats, flush))
-                       for name, fn in ops.items()}})
+                    **{name: _median_or_error(fn, device, warmup, repeats, flush) for name, fn in ops.items()}})
     return out
+
+
+def _median_or_error(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+                     flush: torch.Tensor | None) -> float | str:
+    """The median ms of fn, or the name of the error it raised: a config the GPU cannot hold (fp32 tiles
+    can run out of shared memory) is a result of the sweep, not its end."""
+    try:
+        return statistics.median(_times_ms(fn, device, warmup, repeats, flush))
+    except Exception as err:
+        return type(err).__name__
 
 
 def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warmup: int,
@@ -294,9 +303,10 @@ def tune_markdown(rows: list[dict]) -> str:
     names = [k for k in rows[0] if k not in ("block_b", "num_warps", "num_stages")]
     lines = ["| block_b | warps | stages | " + " | ".join(f"{n} ms" for n in names) + " |",
              "|---|---|---|" + "---|" * len(names)]
-    best = {n: min(r[n] for r in rows) for n in names}
+    best = {n: min((r[n] for r in rows if isinstance(r[n], float)), default=None) for n in names}
     for r in rows:
-        cells = [f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}" for n in names]
+        cells = [r[n] if not isinstance(r[n], float) else f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}"
+                 for n in names]
         lines.append(f"| {r['block_b']} | {r['num_warps']} | {r['num_stages']} | " + " | ".join(cells) + " |")
     return "kernel knob sweep (best per column in bold):\n\n" + "\n".join(lines) + "\n"
 

@@ -16,15 +16,19 @@ BENCHMARKS.md):
   from 48.2 to 1.24 ms, 39x; half of that claimed); 2 with default/for-loop optimizers; else 1.3.
 - embedding-bound (embed phase): 3 with host or cached tables (rows cross the bus / cache
   bookkeeping); else 2 (one fused pooled gather).
-- tail-gather-bound (tail phase): 3; gather + einsum materialise [B, K, F], and the logits' byte
-  floor is about 20x below the measured tail.
+- tail-gather-bound (tail phase): 3 with tail_backend torch (gather + einsum materialise [B, K, F],
+  and the logits' byte floor is about 20x below the measured tail); 2 with slots (explicit products,
+  the gathered tile still materialised); 1.3 with triton or triton-fused-loss (already a gather-GEMM
+  kernel, only its meta-parameters left: tail_block_b=64 made the step 0.891x as long at size large
+  on an H200).
 - loss (loss phase): 2; BCE with dense targets moves the logits' size about four times, a fused
-  loss twice.
+  loss twice. 1.2 with tail_backend triton-fused-loss, whose tail kernel already computes the loss.
 - backward (backward phase): 3 while the tail differentiates through gather + einsum (tail_backend
   torch: autograd's index_put_ scatter took 50.2 of the 58.9 ms backward at size large on an
   H200), else 1.5 (dense layers' backward GEMMs, near their floor).
-- launch/host-bound (device idle fraction, CUDA only, from 20%): 3 with >= 100 kernels per step
-  (CUDA graphs / compile remove launch gaps), else 1.5.
+- launch/host-bound (device idle fraction, CUDA only, from 20%, less the data phase's host time beyond
+  its device work: that wait is data-wait's, an upper estimate of it when loading overlaps the step):
+  3 with >= 100 kernels per step (CUDA graphs / compile remove launch gaps), else 1.5.
 - cache-misses (embed phase, cached tables, miss rate from 1%): 1 / (1 - miss_rate / 2), a
   larger, planned or LFU cache halving the misses with embed time proportional to them.
 - memory-/compute-bound kernel (slot median / step, one call per step): 0.8 / roofline fraction,
@@ -92,9 +96,19 @@ def phase_headroom(category: str, knobs: Mapping[str, Any]) -> Headroom:
                                  "(when the tables fit) or host pooling avoids it")
         return Headroom(2.0, "pooled gathers from device tables; one fused lookup kernel reads each row once")
     if category == "tail-gather-bound":
+        backend = knobs.get("tail_backend", "torch")
+        if backend in ("triton", "triton-fused-loss"):
+            return Headroom(1.3, "the tail is already a gather-GEMM Triton kernel; what is left is its meta-parameters "
+                                 "(tail_block_b=64 made the whole step 0.891x as long at size large on an H200)")
+        if backend == "slots":
+            return Headroom(2.0, "explicit forward/backward products, but the gathered [B, K, F] tile is still "
+                                 "materialised; a fused gather-GEMM kernel keeps it in registers")
         return Headroom(3.0, "gather + einsum materialise [B, K, F]; the logits' byte floor is about 20x lower, "
                              "a fused gather-GEMM kernel writes them once")
     if category == "loss":
+        if knobs.get("tail_backend") == "triton-fused-loss":
+            return Headroom(1.2, "the BCE and its gradient are already fused into the tail kernel; the logits never "
+                                 "reach memory")
         return Headroom(2.0, "BCE with materialised dense targets moves the logits' size about four times; "
                              "a fused loss moves it twice")
     if category == "backward":
@@ -119,17 +133,31 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
     return found
 
 
+def _data_idle_share(coarse: CoarseProfile) -> float:
+    """The share of the step the device sits idle while the host builds or waits for the next batch (the
+    data phase's host time beyond its own device work): the data-wait finding's, not a launch gap."""
+    data = coarse.phases.get("data")
+    if data is None or coarse.step_s <= 0:
+        return 0.0
+    return max(0.0, data.host_s - data.host_wait_s - (data.device_s or 0.0)) / coarse.step_s
+
+
 def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
-    idle = coarse.device_idle_fraction
-    if idle is None or idle < IDLE_THRESHOLD:
+    if coarse.device_idle_fraction is None:
+        return []
+    data_idle = _data_idle_share(coarse)
+    idle = max(0.0, coarse.device_idle_fraction - data_idle)
+    if idle < IDLE_THRESHOLD:
         return []
     launches = coarse.kernel_launches_per_step
     if launches >= MANY_LAUNCHES:
         room = Headroom(3.0, "many small kernels; CUDA graphs or torch.compile remove most launch gaps")
     else:
         room = Headroom(1.5, "few kernels, so host work other than launches keeps the device waiting")
+    waiting = (f" (of {coarse.device_idle_fraction:.1%} idle, {data_idle:.1%} is the wait for data, counted there)"
+               if data_idle > 0 else "")
     evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
-                f"{launches:.0f} kernel launches per step.")
+                f"{launches:.0f} kernel launches per step{waiting}.")
     return [_finding("launch/host-bound", None, None, evidence, idle, room)]
 
 

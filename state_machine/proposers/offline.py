@@ -6,7 +6,9 @@ worker processes for data waits, Triton tail kernels for a gather-bound tail, ..
 *plausibility* is the share of the finding's Amdahl gain it can be expected to realise, so its
 expected gain is ``1 + (finding.amdahl_gain - 1) * plausibility``; candidates are tried in that order.
 
-Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is skipped. For any
+Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is skipped, and so is one
+whose ``requires`` the resolved incumbent does not meet (a tail rule never proposes a backend the
+incumbent already went past: from the fused Triton tail, the autograd one is a step back). For any
 target, a generic fallback then sweeps the other values of the knobs whose category matches a
 finding (``CATEGORY_KNOBS``), at a low plausibility, so a user's own target is searched too.
 
@@ -57,14 +59,21 @@ CATALOG: tuple[Rule, ...] = (
     Rule("loader-workers-4", ("data-wait",), {"data_workers": 4}, 0.4, "more loader processes"),
     Rule("triton-tail", ("tail-gather-bound", "backward", "memory-bound kernel", "compute-bound kernel"),
          {"tail_backend": "triton"}, 0.8, "gather-GEMM tail kernels: the gathered tile stays in registers",
-         devices=("cuda",)),
+         devices=("cuda",), requires={"tail_backend": ("torch", "slots")}),
     Rule("triton-fused-loss", ("loss", "tail-gather-bound", "backward"), {"tail_backend": "triton-fused-loss"}, 0.85,
-         "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",)),
+         "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",),
+         requires={"tail_backend": ("torch", "slots", "triton")}),
     Rule("bf16-autocast", ("tail-gather-bound", "backward", "compute-bound kernel", "memory-bound kernel", "loss"),
          {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
          devices=("cuda",)),
+    Rule("tf32-matmuls", ("tail-gather-bound", "backward", "compute-bound kernel", "loss"),
+         {"matmul_precision": "high"}, 0.6,
+         "fp32 products on TF32 tensor cores (torch's matmuls and the Triton tail's tl.dot): a smaller precision "
+         "step than bf16, inputs rounded to a 10-bit mantissa, fp32 everywhere else", devices=("cuda",),
+         requires={"precision": ("fp32",)}),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
-         "explicit forward/backward products instead of autograd through gather + einsum"),
+         "explicit forward/backward products instead of autograd through gather + einsum",
+         requires={"tail_backend": ("torch",)}),
     Rule("triton-embeddings", ("embedding-bound",), {"embedding_backend": "triton"}, 0.6,
          "one pooled lookup over all tables in one launch", devices=("cuda",)),
     Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
@@ -85,11 +94,12 @@ DEVICE_ONLY: dict[tuple[str, str], tuple[str, ...]] = {
     (name, repr(value)): rule.devices for rule in CATALOG if set(rule.devices) != {"cpu", "cuda"}
     for name, value in rule.patch.items()}
 
-# Finding category -> knob categories the generic fallback sweeps for it.
+# Finding category -> knob categories the generic fallback sweeps for it. Launch gaps: compile only (tile
+# sizes cut no launches; optimizer_impl and embedding_backend are swept for their own phases' findings).
 CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
     "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
     "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
-    "launch/host-bound": ("compile", "kernel"), "cache-misses": ("embedding",),
+    "launch/host-bound": ("compile",), "cache-misses": ("embedding",),
     "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
     "communication": ("distributed",),
 }

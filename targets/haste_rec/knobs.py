@@ -17,8 +17,14 @@ KNOBS = (
     Knob("precision", "choice", "fp32", category="precision", numerics="precision",
          choices=("fp32", "bf16-autocast", "bf16"),
          why="fp32 is the safe first choice; bf16 halves bytes and uses the tensor cores, at a bounded loss of precision"),
-    # The tail backends compute the same products in the dtype the precision knob chose (fp32 Triton
-    # products use IEEE fp32, never TF32), so switching backend only reassociates sums: "reorder".
+    Knob("matmul_precision", "choice", "highest", category="precision", numerics="precision",
+         choices=("highest", "high"),
+         why="how fp32 matrix products multiply (torch.set_float32_matmul_precision, and the Triton tail's tl.dot): "
+             "highest keeps exact fp32 products; high lets them use TF32 tensor cores (10-bit mantissa inputs, "
+             "fp32 accumulation), several times faster for fp32 GEMMs on Ampere and later (CUDA only)"),
+    # The tail backends compute the same products in the dtype and matmul precision the two knobs above
+    # chose (fp32 Triton products use IEEE fp32 unless matmul_precision says otherwise), so switching
+    # backend only reassociates sums: "reorder".
     # Running the tail in bf16 is a change of precision and stays the precision knob's business.
     Knob("tail_backend", "choice", "torch", category="kernel", numerics="reorder",
          choices=("torch", "slots", "triton", "triton-fused-loss"),

@@ -127,9 +127,11 @@ def cache_plan_inputs(data, size: HasteRecSize, emb_cfg: EmbeddingConfig) -> tup
 
 
 def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The Triton tail's tile config from the tail_* kernel knobs (used by the Triton backends only)."""
+    """The Triton tail's tile config from the tail_* kernel knobs and matmul_precision (used by the Triton
+    backends only)."""
     return {"block_b": config["tail_block_b"], "num_warps": config["tail_num_warps"],
-            "num_stages": config["tail_num_stages"]}
+            "num_stages": config["tail_num_stages"],
+            "fp32_precision": "tf32" if config["matmul_precision"] == "high" else "ieee"}
 
 
 class HasteRecModel(nn.Module):

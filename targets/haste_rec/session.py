@@ -46,6 +46,8 @@ class HasteRecSession:
             self.model.encoder.to(torch.bfloat16)
             self.model.output.to(torch.bfloat16)
         self.autocast = precision == "bf16-autocast"
+        # Process-wide, set by every session (a worker process builds one): torch's fp32 matmuls and convolutions.
+        torch.set_float32_matmul_precision(config["matmul_precision"])
         self.encoder = torch.compile(self.model.encoder) if config["compile_encoder"] else self.model.encoder
         self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output

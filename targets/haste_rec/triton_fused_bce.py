@@ -168,7 +168,7 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
                            loss_ptr, dw_ptr, db_ptr, dx_ptr,
                            B, G, F, scale, stride_hb, stride_hh,
                            HAS_BIAS: tl.constexpr, HAS_CW: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
-                           ROUND_LOGITS: tl.constexpr, IEEE: tl.constexpr, POSITIVES_AS_BITS: tl.constexpr,
+                           ROUND_LOGITS: tl.constexpr, PRECISION: tl.constexpr, POSITIVES_AS_BITS: tl.constexpr,
                            BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
     cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
@@ -191,7 +191,7 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
         rows = c0 + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
         h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
-        z = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), IEEE)
+        z = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
         if ROUND_PRODUCT:
             z = _round_as(z, h)
         if HAS_BIAS:
@@ -209,8 +209,8 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
             dz = _round_as(dz, h)
         db_acc += tl.sum(dz, axis=0)
         dzc = dz.to(h.dtype)
-        dw_acc = _mm(tl.trans(dzc), h, dw_acc, IEEE)
-        dx = _mm(dzc, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), IEEE)
+        dw_acc = _mm(tl.trans(dzc), h, dw_acc, PRECISION)
+        dx = _mm(dzc, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
         _store_dx(dx_ptr, dx, rows, cols, position, mask_b, mask_f, B, 0, False)
 
     tl.store(loss_ptr + k, tl.sum(loss_acc, axis=0))
@@ -284,7 +284,7 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     scratch = torch.empty((K * F, B), dtype=h.dtype, device=h.device)
     hc = column_major(h)
     logits_dtype = h.dtype if bias is None else torch.promote_types(h.dtype, bias.dtype)
-    block_b, num_warps, num_stages = config.resolve(B, G, F, fused=True)
+    block_b, num_warps, num_stages = config.resolve(B, G, F, fused_16bit=h.dtype != torch.float32)
     _tail_fused_bce_kernel[(K,)](
         hc, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(),
         w if col_weight is None else col_weight.float().contiguous(),
@@ -292,7 +292,7 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
         loss_part, dw, dw if dbias is None else dbias, scratch,
         B, G, F, float(scale), hc.stride(0), hc.stride(1),
         HAS_BIAS=bias is not None, HAS_CW=col_weight is not None, ROUND_PRODUCT=h.dtype != torch.float32,
-        ROUND_LOGITS=logits_dtype != torch.float32, IEEE=h.dtype == torch.float32,
+        ROUND_LOGITS=logits_dtype != torch.float32, PRECISION=config.dot_precision(h.dtype),
         POSITIVES_AS_BITS=positives_format == "bits",
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     segment_sum(scratch, csr, B, dh)

@@ -23,8 +23,9 @@ contiguous run of BLOCK_B rows; the kernels only see strides, so any layout stay
   masked; only a power-of-two G >= 16 makes the 2G columns one contiguous segment.
 - backward weight: grid (K,); dw[k] = sum over B chunks of dZ_k^T [G, BLOCK_B] @ H[:, I_k] [BLOCK_B, F].
 
-Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` so
-results match fp32 references (no TF32). Both kernels are deterministic: every output element is
+Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` by
+default, so results match fp32 references (no TF32); ``TailKernelConfig.fp32_precision`` (the knob
+matmul_precision="high": "tf32") lets them use the tensor cores at TF32's 10-bit mantissa. Both kernels are deterministic: every output element is
 written by one program, summed in a fixed order.
 
 FLOP/byte model: the minimum traffic and work are ``tail_slots.tail_forward_cost`` and
@@ -50,6 +51,7 @@ import triton.language as tl
 
 MAX_TILE = 256  # largest padded G or F one program holds
 AUTO = "auto"
+FP32_PRECISIONS = ("ieee", "tf32", "tf32x3")  # tl.dot's input precisions for fp32 operands
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -75,26 +77,39 @@ class TailKernelConfig:
     (bf16, B=256, F=64) 2 groups took 0.252 ms against 0.281 at G=16 (1.002 against 1.169 at 2.8M
     labels) but 0.205 against 0.183 at G=32 and 0.650 against 0.577 at G=64.
 
-    ``resolve(..., fused=True)`` is the fused loss kernel's rule: it holds the forward tile, the loss,
-    dz, a dW accumulator and the dX tile at once, and ran fastest with half the forward's auto BLOCK_B
-    (H200, main shape: 1.10 ms at BLOCK_B=32 against 1.45 at 64).
+    fp32_precision: ``tl.dot``'s input precision for fp32 operands (``FP32_PRECISIONS``): "ieee" keeps exact
+    fp32 products on the CUDA cores; "tf32" and "tf32x3" use the tensor cores (a precision change, the
+    knob matmul_precision's business, never a default).
+
+    ``resolve(..., fused_16bit=True)`` is the fused loss kernel's rule for bf16/fp16 inputs: it holds the
+    forward tile, the loss, dz, a dW accumulator and the dX tile at once, and ran fastest with half the
+    forward's auto BLOCK_B (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64). In fp32 the
+    forward's rule stands (7.45 ms at 64 against 8.13 at 32; ``benchmarks.fused_bce_sweep``).
     """
 
     block_b: int | str = AUTO
     num_warps: int | str = AUTO
     num_stages: int | str = AUTO
     groups_per_program: int | str = AUTO
+    fp32_precision: str = "ieee"
 
-    def resolve(self, batch: int, size: int, fan_in: int, *, fused: bool = False) -> tuple[int, int, int]:
-        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused``: for the fused loss kernel."""
+    def resolve(self, batch: int, size: int, fan_in: int, *, fused_16bit: bool = False) -> tuple[int, int, int]:
+        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_16bit``: for the fused loss kernel on 16-bit inputs."""
         tile = _pad(size) * _pad(fan_in)
         auto_block_b = 64 if tile <= 64 * 64 else 32
-        if fused:
+        if fused_16bit:
             auto_block_b //= 2
         block_b = auto_block_b if self.block_b == AUTO else int(self.block_b)
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
         num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)
         return _pad(min(block_b, max(batch, 1))), num_warps, num_stages
+
+    def dot_precision(self, dtype: torch.dtype) -> str:
+        """The kernels' ``tl.dot`` input precision for inputs of ``dtype``: fp32_precision for fp32 (the
+        knob matmul_precision: "highest" keeps "ieee"), Triton's default for 16-bit inputs, which ignore it."""
+        if self.fp32_precision not in FP32_PRECISIONS:
+            raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {self.fp32_precision!r}")
+        return self.fp32_precision if dtype == torch.float32 else "tf32"
 
     def resolve_groups_per_program(self, size: int) -> int:
         """GROUPS_PER_PROGRAM of the forward kernel for groups of ``size`` labels: 1 or 2."""
@@ -117,13 +132,10 @@ def interpreter_active() -> bool:
 # ----------------------------------------------------------------------------- jit helpers
 
 @triton.jit
-def _mm(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b, fp32 accumulation; IEEE keeps fp32 inputs out of TF32."""
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
+def _mm(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b, fp32 accumulation; PRECISION (``TailKernelConfig.dot_precision``) is how fp32 inputs
+    multiply: "ieee" (exact fp32 products), "tf32" or "tf32x3" (tensor cores); 16-bit inputs ignore it."""
+    return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -211,10 +223,10 @@ def _forward_group(idx_ptr, w_ptr, bias_ptr, k, G, F,
 
 @triton.jit
 def _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, stride_hh,
-                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr):
     """One group's fp32 [BLOCK_B, BLOCK_G] tile of z for one batch chunk: H[rows, I_k] @ W_k^T + bias_k."""
     h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
-    acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), IEEE)
+    acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
     if HAS_BIAS:
         acc += bias[None, :]
     return acc
@@ -224,7 +236,7 @@ def _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, strid
 def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
                          B, K, G, F,
                          stride_hb, stride_hh, stride_zb,
-                         HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
                          BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     """Groups GROUPS_PER_PROGRAM * p + j (j < GROUPS_PER_PROGRAM, 1 or 2), stored as one tile per chunk."""
     first = tl.program_id(0).to(tl.int64) * GROUPS_PER_PROGRAM
@@ -242,10 +254,10 @@ def _tail_forward_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, z_ptr,
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
         acc = _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, stride_hh,
-                             HAS_BIAS, IEEE, BLOCK_B, BLOCK_G)
+                             HAS_BIAS, PRECISION, BLOCK_B, BLOCK_G)
         if GROUPS_PER_PROGRAM == 2:
             acc1 = _forward_chunk(h_ptr, rows, mask_b, cols1, mask_f, wt1, bias1, stride_hb, stride_hh,
-                                  HAS_BIAS, IEEE, BLOCK_B, BLOCK_G)
+                                  HAS_BIAS, PRECISION, BLOCK_B, BLOCK_G)
             # [BLOCK_B, BLOCK_G, 2] -> [BLOCK_B, 2, BLOCK_G] -> [BLOCK_B, 2 * BLOCK_G]: group-major columns
             acc = tl.reshape(tl.permute(tl.join(acc, acc1), (0, 2, 1)), (BLOCK_B, 2 * BLOCK_G))
         tl.store(z_ptr + rows[:, None] * stride_zb + (group * G + label)[None, :],
@@ -277,7 +289,7 @@ def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
     _tail_forward_kernel[(triton.cdiv(K, groups),)](
         h, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(), z, B, K, G, F,
         h.stride(0), h.stride(1), z.stride(0),
-        HAS_BIAS=bias is not None, IEEE=h.dtype == torch.float32, GROUPS_PER_PROGRAM=groups,
+        HAS_BIAS=bias is not None, PRECISION=config.dot_precision(h.dtype), GROUPS_PER_PROGRAM=groups,
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return z
 
@@ -288,7 +300,7 @@ def tail_forward_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
 def _tail_backward_weight_kernel(dz_ptr, h_ptr, idx_ptr, dw_ptr,
                                  B, G, F,
                                  stride_db, stride_dc, stride_hb, stride_hh,
-                                 IEEE: tl.constexpr,
+                                 PRECISION: tl.constexpr,
                                  BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, BLOCK_G)
@@ -302,7 +314,7 @@ def _tail_backward_weight_kernel(dz_ptr, h_ptr, idx_ptr, dw_ptr,
         mask_b = rows < B
         dzt = _load_tile(dz_ptr + k * G * stride_dc, offs_g, rows, stride_dc, stride_db, mask_g, mask_b)
         h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
-        acc = _mm(dzt, h, acc, IEEE)
+        acc = _mm(dzt, h, acc, PRECISION)
     tl.store(dw_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :],
              acc.to(dw_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_f[None, :])
 
@@ -326,7 +338,7 @@ def tail_backward_weight_triton(dz: torch.Tensor, h: torch.Tensor, idx: torch.Te
     _tail_backward_weight_kernel[(K,)](
         dz, h, idx.contiguous(), dw, B, G, F,
         dz.stride(0), dz.stride(1), h.stride(0), h.stride(1),
-        IEEE=h.dtype == torch.float32,
+        PRECISION=config.dot_precision(h.dtype),
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return dw
 

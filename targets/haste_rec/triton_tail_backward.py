@@ -109,7 +109,7 @@ def _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, A
 def _tail_dx_kernel(dz_ptr, idx_ptr, w_ptr, pos_ptr, out_ptr,
                     B, G, F,
                     stride_db, stride_dc, stride_ob,
-                    ATOMIC: tl.constexpr, IEEE: tl.constexpr,
+                    ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
     cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
@@ -118,7 +118,7 @@ def _tail_dx_kernel(dz_ptr, idx_ptr, w_ptr, pos_ptr, out_ptr,
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
         dz = _load_tile(dz_ptr + k * G * stride_dc, rows, offs_g, stride_db, stride_dc, mask_b, mask_g)
-        dx = _mm(dz, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), IEEE)
+        dx = _mm(dz, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
         _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC)
 
 
@@ -184,7 +184,7 @@ def _launch_dx(dz, idx, w, position, out, atomic: bool, config: TailKernelConfig
     _tail_dx_kernel[(K,)](
         dz, idx.contiguous(), w.contiguous(), position, out, B, G, F,
         dz.stride(0), dz.stride(1), out.stride(0),
-        ATOMIC=atomic, IEEE=dz.dtype == torch.float32,
+        ATOMIC=atomic, PRECISION=config.dot_precision(dz.dtype),
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.model import tail_kernel_config
 from targets.haste_rec.sizes import SIZES
 from targets.haste_rec.target import build
 from targets.protocol import ConfigError
@@ -18,10 +19,11 @@ STEPS = 8
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    threads = torch.get_num_threads()
+    threads, matmul = torch.get_num_threads(), torch.get_float32_matmul_precision()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(matmul)  # a session sets it process-wide
 
 
 def train(overrides: dict, device: str = "cpu", steps: int = STEPS, seed: int = 0):
@@ -86,6 +88,18 @@ def test_bf16_autocast_stays_in_band():
     reference, _ = train({})
     losses, _ = train({"precision": "bf16-autocast"})
     assert all(abs(a - b) / abs(b) < 0.02 for a, b in zip(losses, reference))
+
+
+def test_every_session_sets_its_matmul_precision():
+    """matmul_precision is process-wide in torch: each session sets its own, so a later default config is
+    not left with the TF32 of an earlier one; the Triton tail gets it as its fp32 dot precision."""
+    _, session = train({"matmul_precision": "high"}, steps=1)
+    assert torch.get_float32_matmul_precision() == "high"
+    train({}, steps=1)
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert KNOB_SPACE["matmul_precision"].numerics == "precision"
+    assert tail_kernel_config(KNOB_SPACE.resolve({"matmul_precision": "high"}))["fp32_precision"] == "tf32"
+    assert tail_kernel_config(KNOB_SPACE.resolve({}))["fp32_precision"] == "ieee"
 
 
 def test_training_lowers_the_loss_and_rewiring_moves_fan_in():

@@ -112,6 +112,23 @@ def test_slot_matches_float64_reference(slot: str, shape: dict, dtype: torch.dty
     check_close(got, reference(*f64(inputs)), dtype)
 
 
+TF32_TOL = 5e-3  # TF32 rounds each fp32 input to a 10-bit mantissa (2^-11 relative), F-term sums in fp32
+
+
+@pytest.mark.parametrize("slot", SLOT_CASES)
+def test_tf32_products_stay_within_tf32_of_the_reference(slot: str) -> None:
+    """fp32_precision="tf32" (the knob matmul_precision=high): within TF32's error of float64, and on a GPU
+    not the IEEE bits, so the setting reaches tl.dot (the CPU interpreter multiplies in fp32 either way)."""
+    make_inputs, reference = SLOT_CASES[slot]
+    shape = CASES[-1] if DEVICE == "cuda" else SHAPES[2]
+    inputs = make(make_inputs, shape, torch.float32, seed=3)
+    with poisoned_allocations():
+        got = triton_tail_impls(TailKernelConfig(fp32_precision="tf32"))[slot](*inputs)
+    check_close(got, reference(*f64(inputs)), torch.float32, TF32_TOL)
+    if DEVICE == "cuda":
+        assert not torch.equal(got, triton_tail_impls()[slot](*inputs))
+
+
 @pytest.mark.parametrize("block_b", [16, 32])
 def test_small_blocks_and_strided_inputs(block_b: int) -> None:
     """Several batch chunks per program, a column-major h and a non-contiguous dz."""
@@ -203,13 +220,18 @@ def test_config_resolution_is_a_fixed_rule() -> None:
     assert TailKernelConfig().resolve(256, 64, 128) == (32, 8, 3)
     assert TailKernelConfig().resolve(5, 7, 13) == (16, 4, 3)      # a batch of 5 needs one 16-row tile
     assert TailKernelConfig(block_b=128, num_warps=2, num_stages=1).resolve(100, 8, 8) == (128, 2, 1)
-    assert TailKernelConfig().resolve(256, 32, 64, fused=True) == (32, 4, 3)   # the fused loss: half the rows
-    assert TailKernelConfig().resolve(256, 64, 128, fused=True) == (16, 8, 3)
-    assert TailKernelConfig(block_b=64).resolve(256, 32, 64, fused=True) == (64, 4, 3)  # a set value stands
+    assert TailKernelConfig().resolve(256, 32, 64, fused_16bit=True) == (32, 4, 3)  # fused loss, bf16: half the rows
+    assert TailKernelConfig().resolve(256, 64, 128, fused_16bit=True) == (16, 8, 3)
+    assert TailKernelConfig(block_b=64).resolve(256, 32, 64, fused_16bit=True) == (64, 4, 3)  # a set value stands
     assert [TailKernelConfig(groups_per_program=g).resolve_groups_per_program(32) for g in (1, 2, "auto")] == [1, 2, 1]
     assert [TailKernelConfig().resolve_groups_per_program(g) for g in (8, 16, 17, 64)] == [2, 2, 1, 1]
     with pytest.raises(ValueError, match="groups_per_program"):
         TailKernelConfig(groups_per_program=3).resolve_groups_per_program(32)
+    assert [TailKernelConfig(fp32_precision=p).dot_precision(torch.float32) for p in ("ieee", "tf32")] == ["ieee", "tf32"]
+    assert TailKernelConfig().dot_precision(torch.float32) == "ieee"       # exact fp32 products unless asked
+    assert TailKernelConfig(fp32_precision="ieee").dot_precision(torch.bfloat16) == "tf32"  # Triton's default
+    with pytest.raises(ValueError, match="fp32_precision"):
+        TailKernelConfig(fp32_precision="fp16").dot_precision(torch.float32)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 4])

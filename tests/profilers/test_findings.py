@@ -51,6 +51,20 @@ def test_backward_headroom_follows_the_tail_backend():
     assert kernels.headroom == 1.5 and kernels.amdahl_gain < torch_tail.amdahl_gain
 
 
+@pytest.mark.parametrize("backend,tail,loss", [(None, 3.0, 2.0), ("torch", 3.0, 2.0), ("slots", 2.0, 2.0),
+                                               ("triton", 1.3, 2.0), ("triton-fused-loss", 1.3, 1.2)])
+def test_tail_and_loss_headroom_follow_the_tail_backend(backend, tail, loss):
+    """A Triton tail leaves only its meta-parameters to tune, a fused loss leaves the loss little."""
+    knobs = TUNED if backend is None else {**TUNED, "tail_backend": backend}
+    found = {f.category: f for f in findings(coarse({"tail": 0.48, "loss": 0.03}), None, {}, knobs)}
+    assert (found["tail-gather-bound"].headroom, found["loss"].headroom) == (tail, loss)
+    assert found["tail-gather-bound"].amdahl_gain == pytest.approx(1 / (0.52 + 0.48 / tail))
+    if backend in ("triton", "triton-fused-loss"):
+        assert "meta-parameters" in found["tail-gather-bound"].headroom_basis
+    if backend == "triton-fused-loss":
+        assert "fused into the tail kernel" in found["loss"].headroom_basis
+
+
 def test_knobs_set_the_headroom_and_so_the_ranking():
     profile = coarse({"data": 0.3, "optimizer": 0.4})
     tuned = findings(profile, None, {}, TUNED)
@@ -116,3 +130,15 @@ def test_findings_are_deterministic():
     assert findings(profile, None, {}, DENSE) == findings(profile, None, {}, DENSE)
     tied = [f.category for f in findings(profile, None, {}, DENSE)]
     assert tied == ["data-wait", "tail-gather-bound", "embedding-bound", "loss"]
+
+
+def test_the_wait_for_data_is_not_counted_as_launch_gaps():
+    """The H200 large run after the fused tail: the device idle 54% of the step, a fifth of it while the host
+    built the next batch. That wait is data-wait's finding; the launch finding keeps the rest."""
+    profile = coarse({"data": 0.22, "tail": 0.4}, idle=0.54, launches=196)
+    profile.phases["data"] = PhaseTime(host_s=0.22 * STEP_S, device_s=0.0002 * STEP_S, share=0.22)
+    launch = next(f for f in findings(profile, None, {}, TUNED) if f.category == "launch/host-bound")
+    assert launch.share == pytest.approx(0.54 - 0.2198)
+    assert "of 54.0% idle, 22.0% is the wait for data" in launch.evidence
+    profile.phases["data"] = PhaseTime(host_s=0.4 * STEP_S, device_s=0.0, share=0.4)  # all of the idle time
+    assert "launch/host-bound" not in {f.category for f in findings(profile, None, {}, TUNED)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from profilers.findings import findings as profile_findings
 from profilers.records import Finding
 from state_machine import nodes
 from state_machine.context import ProposerPolicy, RunContext
@@ -11,6 +12,7 @@ from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
 from state_machine.proposers.offline import propose_offline
 from state_machine.state import Candidate, Evaluated, Limits, RunState, Verdict, loosest
 from targets.registry import resolve_target
+from tests.profilers.test_findings import coarse
 
 
 @pytest.fixture
@@ -163,6 +165,39 @@ def test_offline_sweeps_only_knobs_that_have_an_effect(state, ctx):
                                            "incumbent": state.incumbent.model_copy(
                                                update={"config": {"tail_backend": "triton"}})})
     assert any("tail_block_b" in p.patch for p in propose_offline(triton_tail, ctx, limit=200))
+
+
+def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
+    """The H200 large run's profile after triton-fused-loss and data_workers=2: the tail's Triton kernel has
+    little headroom left beyond its precision, so TF32 and pinned prefetch rank above the tail sweep, and no
+    rule steps back to the autograd or slots tail."""
+    config = {"tail_backend": "triton-fused-loss", "data_workers": 2, "embedding_grad_mode": "fused"}
+    profile = coarse({"data": 0.22, "embed": 0.12, "tail": 0.48, "loss": 0.033, "backward": 0.21,
+                      "optimizer": 0.052})
+    bf16 = Evaluated(candidate=candidate(6, patch={"precision": "bf16-autocast"}), incumbent_id=None,
+                     config={**config, "precision": "bf16-autocast"},
+                     verdict=Verdict(accepted=False, stage="validate", reason="numerics"))  # as in that run; else first
+    fused = state.model_copy(update={
+        "device": "cuda", "history": [bf16], "incumbent": state.incumbent.model_copy(update={"config": config}),
+        "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config))})
+    proposals = propose_offline(fused, ctx, limit=6)
+    proposers = [p.proposer for p in proposals]
+    assert proposers[:2] == ["offline:tf32-matmuls", "offline:pinned-prefetch"]  # before any sweep
+    assert proposals[1].patch == {"pin_memory": True, "prefetch_to_device": True}
+    assert not {p.proposer for p in proposals} & {"offline:tail-slots", "offline:triton-tail",
+                                                   "offline:triton-fused-loss"}
+
+
+def test_tail_rules_never_go_back_past_the_incumbent_backend(state, ctx):
+    tail = [finding("tail-gather-bound", 0.5, 1.5), finding("loss", 0.1, 1.1)]
+    rules = {}
+    for backend in ("torch", "slots", "triton", "triton-fused-loss"):
+        at = state.model_copy(update={"findings": tail, "device": "cuda", "incumbent": state.incumbent.model_copy(
+            update={"config": {"tail_backend": backend}})})
+        rules[backend] = {p.patch["tail_backend"] for p in propose_offline(at, ctx, limit=200)
+                          if "tail_backend" in p.patch and p.proposer != "offline:sweep"}
+    assert rules == {"torch": {"slots", "triton", "triton-fused-loss"}, "slots": {"triton", "triton-fused-loss"},
+                     "triton": {"triton-fused-loss"}, "triton-fused-loss": set()}
 
 
 def test_user_settings_are_never_tuned(state, ctx):
