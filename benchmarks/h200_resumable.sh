@@ -7,6 +7,7 @@
 # and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
+# VS=0 leaves the re-measurement out (benchmarks/h200_pair.sh runs it after both of its runs have finished).
 # SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
 # there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).
 # Usage: OUT=/dir SIZE=large MINUTES=20 SLICE=540 [CONFIG=...] [SEARCH=rules|tpe] [GPUS=1] [CARRY=prev/run.tgz] \
@@ -37,7 +38,7 @@ rc=$?
 echo "optimize rc $rc ($([ $rc = 124 ] && echo 'stopped at the slice; resume next call' || echo finished))"
 run=$(ls -d "$RUNS"/*/ | head -1)
 tar czf "$OUT/run.tgz" -C "$RUNS" .
-if [ $rc = 0 ] && [ -f "$run/best_config.toml" ]; then
+if [ $rc = 0 ] && [ -f "$run/best_config.toml" ] && [ "${VS:-1}" = 1 ]; then
     timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" --blocks 10 > "$OUT/bench_vs.log" 2>&1
     tail -3 "$OUT/bench_vs.log"; grep -v '^$' "$run/report.md" | head -40
 fi

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Two resumable agent runs at once on a two-GPU host, one GPU and half the CPUs each, so one call of
+# device time advances both (e.g. `large` and `large-cached`, or the rules and the TPE oracle).
+#
+# A and B are the settings of benchmarks/h200_resumable.sh for each run (SIZE, CONFIG, SEARCH, ITERS,
+# MINUTES...). Each run keeps its own runs directory (runs/pair-a, runs/pair-b) and results folder
+# ($OUT/a, $OUT/b, each with optimize.log and run.tgz); CARRY_A / CARRY_B bring a run back on a cold machine.
+# The two runs share the host (memory bandwidth, PCIe), so each one's A/A noise floor is calibrated under the
+# other's load; the fresh `sg-opt bench --vs` re-measurement of each winner runs only after both runs have
+# finished, one after the other, with the host otherwise idle.
+#
+# Usage: OUT=/dir SLICE=540 A="SIZE=large MINUTES=16" \
+#        B="SIZE=large-cached CONFIG=examples/haste_rec_large_cached.toml MINUTES=16" bash benchmarks/h200_pair.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/sg-opt-out}; SLICE=${SLICE:-540}
+cpus=$(nproc); half=$((cpus / 2))
+lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY
+    mkdir -p "$OUT/$1"
+    env $4 OUT="$OUT/$1" RUNS="runs/pair-$1" SLICE="$SLICE" CARRY="$5" VS=0 CUDA_VISIBLE_DEVICES="$2" \
+        taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
+}
+lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" &
+lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" &
+wait
+for name in a b; do
+    echo "== run $name ($([ "$name" = a ] && echo "$A" || echo "$B"))"; cat "$OUT/$name/lane.log"
+    run=$(ls -d "runs/pair-$name"/*/ 2>/dev/null | head -1)
+    if [ -n "$run" ] && [ -f "$run/best_config.toml" ] && [ -f "$run/report.md" ]; then
+        settings=$([ "$name" = a ] && echo "$A" || echo "$B")
+        read -r size device config < <(env $settings bash -c 'echo ${SIZE:-large} ${DEVICE:-cuda} ${CONFIG:-}')
+        args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")
+        timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" --blocks 10 \
+            > "$OUT/$name/bench_vs.log" 2>&1
+        tail -3 "$OUT/$name/bench_vs.log"; grep -v '^$' "$run/report.md" | head -12
+    fi
+done
