@@ -2,6 +2,7 @@
 
     python -m benchmarks.embedding_kernels --out embedding_kernels.json           # CUDA, the full shape
     python -m benchmarks.embedding_kernels --smoke --out smoke.json               # tiny, CPU, Triton interpreter
+    python -m benchmarks.embedding_kernels --tune --out embedding_kernels.json    # also sweep the kernel knobs
 
 Shape: 26 tables x 1M rows x 128 dims, pooling 20, batch 8192, fp32 (slot shape keys T B P R D Q;
 Q = 151,124, the expected distinct count of 163,840 uniform draws from 1M rows, so the byte models
@@ -25,6 +26,14 @@ checked against torch at the benchmark shape first (a wrong kernel is never time
 events around each call, with a write of a buffer of max(256 MiB, 4 x L2) between repeats
 (untimed) so operands come from HBM, the median of ``--repeats`` (>= 20 on CUDA) after warm-up
 calls. Markdown table to stdout, JSON to ``--out``.
+
+``--tune`` also times the Triton pooled forward and the pooled forward + fused update at every
+(embedding_tile_elements, embedding_num_warps, embedding_num_stages) of ``TUNE_GRID`` at the main
+shape (``SMOKE_TUNE_GRID`` at the smoke shape): the data to set the "auto" rule of
+``triton_embedding.EmbeddingKernelConfig`` by. Each point is checked against torch first (a wrong one
+is marked, not timed); a point that raises is recorded by the error's name
+(``benchmarks.kernels._median_or_error``). The rows go under "tune" in the JSON, and a Markdown table
+with the best of each column in bold to stdout.
 """
 
 from __future__ import annotations
@@ -47,6 +56,12 @@ ANCHORS = {"embedding_bag_forward_ms": 1.51, "embedding_bag_forward_rows_tb_per_
 GOALS = {"pool_forward_rows_tb_per_s": 2.0, "forward_fused_backward_adagrad_ms": 4.0}
 LR, EPS = 0.01, 1e-8  # the store's defaults
 CHECK_RTOL = 1e-5     # fp32 against torch fp32: the same sums in another order
+# (tile_elements, num_warps, num_stages) of EmbeddingKernelConfig; "auto" stages: Triton's default
+TUNE_GRID = tuple((t, w, s) for t in (1024, 2048, 4096, 8192) for w in (2, 4, 8) for s in ("auto", 1, 2, 4))
+SMOKE_TUNE_GRID = ((1024, 2, 1), (4096, "auto", "auto"), (8192, 8, 2))
+TUNE_KEYS = ("tile_elements", "num_warps", "num_stages")
+TUNE_OPS = {"pool_forward": "triton pooled forward", "forward_fused_update": "triton pooled fwd + fused update"}
+WRONG = "WrongResult"  # a tune point whose results disagree with torch beyond CHECK_RTOL: not timed
 
 
 @dataclass
@@ -113,26 +128,57 @@ def torch_fused_step(b: Bench) -> None:
     apply_rowwise_adagrad_(b.rows, lookup.rows, b.state, lookup.rows, grads, LR, EPS)
 
 
-def triton_fused_step(b: Bench) -> None:
-    """embedding_backend triton, grad mode fused: the pooled forward, then the fused update in place."""
-    from targets.haste_rec.triton_embedding import embedding_fused_update_, embedding_pool_forward
-    embedding_pool_forward(b.ids, b.offsets, None, b.rows)
-    embedding_fused_update_(b.ids, b.offsets, None, b.grad, b.rows, b.state, LR, EPS)
+def triton_fused_step(b: Bench, config=None) -> None:
+    """embedding_backend triton, grad mode fused: the pooled forward, then the fused update in place
+    (``config``: an ``EmbeddingKernelConfig``, default the kernels' own)."""
+    from targets.haste_rec.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update_,
+                                                    embedding_pool_forward)
+    config = config or DEFAULT_EMBEDDING_CONFIG
+    embedding_pool_forward(b.ids, b.offsets, None, b.rows, config=config)
+    embedding_fused_update_(b.ids, b.offsets, None, b.grad, b.rows, b.state, LR, EPS, config=config)
 
 
-def check(b: Bench) -> dict[str, float]:
-    """Triton against torch at this shape, before anything is timed: max error / max |torch|."""
+def check(b: Bench, config=None) -> dict[str, float]:
+    """Triton (at ``config``, default the kernels' own) against torch at this shape, before anything is
+    timed: max error / max |torch|."""
     from targets.haste_rec.embedding_slots import fused_update_reference
-    from targets.haste_rec.triton_embedding import embedding_fused_update, embedding_pool_forward
+    from targets.haste_rec.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update,
+                                                    embedding_pool_forward)
+    config = config or DEFAULT_EMBEDDING_CONFIG
 
     def rel(got: torch.Tensor, want: torch.Tensor) -> float:
         return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
     with torch.no_grad():
-        pooled = rel(embedding_pool_forward(b.ids, b.offsets, None, b.rows),
+        pooled = rel(embedding_pool_forward(b.ids, b.offsets, None, b.rows, config=config),
                      F.embedding_bag(b.ids, b.rows, b.offsets, mode="sum"))
         args = (b.ids, b.offsets, None, b.grad, b.rows, b.state.add(0.5), LR, EPS)
-        update = rel(embedding_fused_update(*args), fused_update_reference(*args))
+        update = rel(embedding_fused_update(*args, config=config), fused_update_reference(*args))
     return {"pool_forward_max_rel_error": pooled, "fused_update_max_rel_error": update}
+
+
+def tune(b: Bench, grid: tuple) -> list[dict]:
+    """One row per (tile_elements, num_warps, num_stages) of grid: the median ms of each of ``TUNE_OPS``
+    (or the name of the error it raised, or ``WRONG``) and the point's max relative error against torch."""
+    from benchmarks.kernels import _median_or_error
+    from targets.haste_rec.triton_embedding import EmbeddingKernelConfig, embedding_pool_forward
+    rows = []
+    for point in grid:
+        row = dict(zip(TUNE_KEYS, point))
+        try:
+            config = EmbeddingKernelConfig(*point)
+            row["max_rel_error"] = max(check(b, config).values())
+        except Exception as err:  # a point the kernels reject or cannot launch is a result of the sweep
+            rows.append(row | {"max_rel_error": None} | dict.fromkeys(TUNE_OPS, type(err).__name__))
+            continue
+        if not row["max_rel_error"] <= CHECK_RTOL:
+            rows.append(row | dict.fromkeys(TUNE_OPS, WRONG))
+            continue
+        with torch.no_grad():
+            ops = {"pool_forward": lambda: embedding_pool_forward(b.ids, b.offsets, None, b.rows, config=config),
+                   "forward_fused_update": lambda: triton_fused_step(b, config)}
+            rows.append(row | {name: _median_or_error(fn, b.device, b.warmup, b.repeats, b.flush)
+                               for name, fn in ops.items()})
+    return rows
 
 
 def measure(b: Bench, full: bool) -> list[Result]:
@@ -184,6 +230,21 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def tune_table(rows: list[dict], label: str) -> str:
+    """The tune rows as Markdown: median ms per op, the best of each column in bold; failed points by name."""
+    names = list(TUNE_OPS)
+    lines = [f"embedding kernel knob sweep at {label} (median ms, best per column in bold):", "",
+             "| tile_elements | num_warps | num_stages | " + " | ".join(f"{TUNE_OPS[n]} ms" for n in names)
+             + " | max rel error |", "|---|---|---|" + "---|" * (len(names) + 1)]
+    best = {n: min((r[n] for r in rows if isinstance(r[n], float)), default=None) for n in names}
+    for r in rows:
+        cells = [r[n] if not isinstance(r[n], float) else f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}"
+                 for n in names]
+        error = "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.2g}"
+        lines.append("| " + " | ".join(str(r[k]) for k in TUNE_KEYS) + " | " + " | ".join(cells) + f" | {error} |")
+    return "\n".join(lines)
+
+
 def verdict(results: list[Result]) -> dict:
     by_name = {(r.shape, r.name): r.to_dict() for r in results}
     label = results[0].shape
@@ -202,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--hot-q", type=int, default=1000, help="distinct rows per table of the skewed shape (0: skip)")
     parser.add_argument("--out", default="", help="write the JSON record here")
+    parser.add_argument("--tune", action="store_true",
+                        help="also sweep the embedding kernel knobs (TUNE_GRID; SMOKE_TUNE_GRID with --smoke)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda:
@@ -222,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a Triton kernel disagrees with torch beyond {CHECK_RTOL}: not timing it", file=sys.stderr)
         return 1
     results = measure(bench, full=True)
+    tuned = tune(bench, SMOKE_TUNE_GRID if args.smoke else TUNE_GRID) if args.tune else None
+    tune_label = bench.label
     del bench
     if args.hot_q:  # smoke: one row per table, looked up more often than the update kernel's chunk
         hot_q = 1 if args.smoke else max(1, min(args.hot_q, shape["B"] * shape["P"]))
@@ -236,10 +301,14 @@ def main(argv: list[str] | None = None) -> int:
           f"forward + fused backward + row-wise Adagrad {summary['forward_fused_backward_adagrad_ms']:.3f} ms "
           f"(anchor dense {ANCHORS['embedding_bag_forward_backward_dense_ms']} ms, goal <= "
           f"{GOALS['forward_fused_backward_adagrad_ms']} ms)")
+    if tuned is not None:
+        print("\n" + tune_table(tuned, tune_label))
     record = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "smoke": args.smoke,
               "dtype": "float32", "shape": shape, "timing": "cuda-events+l2-flush" if cuda else "perf_counter",
               "repeats": repeats, "warmup": warmup, "checks": checks, "anchors": ANCHORS, "goals": GOALS,
               "verdict": summary, "results": [r.to_dict() for r in results]}
+    if tuned is not None:
+        record["tune"] = tuned
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)

@@ -31,6 +31,10 @@ class EmbeddingConfig:
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)
     backend: str = "torch"                 # triton: Triton pooling and fused update where the rows are on the device
+    # backend triton: the kernels' meta-parameters, int or "auto" (triton_embedding.EmbeddingKernelConfig)
+    triton_tile_elements: int | str = "auto"
+    triton_num_warps: int | str = "auto"
+    triton_num_stages: int | str = "auto"
     hbm_budget_bytes: float | None = None  # device memory the tables, their state and caches may use (None: any)
     lr: float = 0.01
     eps: float = 1e-8
@@ -55,6 +59,12 @@ class EmbeddingConfig:
         backend (embedding_bag's sparse gradient); every other mode forms row gradients itself."""
         return self.grad_mode == "dense" or (self.grad_mode == "sparse" and self.placement == "device"
                                               and self.backend == "torch")
+
+    @property
+    def triton_kernel_options(self) -> dict[str, int | str]:
+        """The keywords of ``triton_embedding.EmbeddingKernelConfig`` (backend triton)."""
+        return {"tile_elements": self.triton_tile_elements, "num_warps": self.triton_num_warps,
+                "num_stages": self.triton_num_stages}
 
     @property
     def triton_pooling(self) -> bool:

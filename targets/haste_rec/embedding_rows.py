@@ -4,13 +4,15 @@ device cache over host tables with parameters and optimizer state cached indepen
 The backend (EmbeddingConfig.backend) picks what runs on the device: torch's ops (``row_ops``) or
 the Triton kernels (``triton_embedding``). With triton, every pooling of device-resident rows runs
 the Triton kernel (device tables, the cache's slots, host rows gathered to the device), and grad
-mode fused updates device tables and cached rows with the Triton fused update; the host's parts
+mode fused updates device tables and cached rows with the Triton fused update, both launched with
+the meta-parameters of EmbeddingConfig's triton_* fields (``_kernel_config``); the host's parts
 (pooling on the host, host-side Adagrad, cache bookkeeping) and sparse mode's row gradients stay
 torch. Grad mode dense stays torch throughout: its table gradient is torch autograd's.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -38,14 +40,21 @@ class _Bags:
     weights: torch.Tensor | None
 
 
-def _pooling(cfg: EmbeddingConfig) -> Callable:
-    """pool(ids, rows, offsets, weights) on the device: row_ops.pool or the Triton kernel.
+def _kernel_config(cfg: EmbeddingConfig):
+    """The Triton kernels' meta-parameters (``triton_embedding.EmbeddingKernelConfig``) from cfg's triton_* fields.
 
     triton_embedding is imported only when asked for: triton reads TRITON_INTERPRET at import."""
+    from targets.haste_rec.triton_embedding import EmbeddingKernelConfig
+    return EmbeddingKernelConfig(**cfg.triton_kernel_options)
+
+
+def _pooling(cfg: EmbeddingConfig) -> Callable:
+    """pool(ids, rows, offsets, weights) on the device: row_ops.pool or the Triton kernel."""
     if not cfg.triton_pooling:
         return pool
     from targets.haste_rec.triton_embedding import embedding_pool_forward
-    return lambda ids, rows, offsets, weights: embedding_pool_forward(ids, offsets, weights, rows)
+    config = _kernel_config(cfg)
+    return lambda ids, rows, offsets, weights: embedding_pool_forward(ids, offsets, weights, rows, config=config)
 
 
 def _fused_kernel(cfg: EmbeddingConfig) -> Callable | None:
@@ -53,7 +62,7 @@ def _fused_kernel(cfg: EmbeddingConfig) -> Callable | None:
     if cfg.backend != "triton" or cfg.grad_mode != "fused" or cfg.placement == "host":
         return None
     from targets.haste_rec.triton_embedding import embedding_fused_update_
-    return embedding_fused_update_
+    return functools.partial(embedding_fused_update_, config=_kernel_config(cfg))
 
 
 class _Rows(ABC):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from targets.protocol import Constraint, Knob, KnobSpace
 
-PRESET = "preset"
-TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the tail's tile knobs matter  # a model-shape knob at this value takes the size preset's number
+PRESET = "preset"  # a model-shape knob at this value takes the size preset's number
+TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the tail's tile knobs matter
+# when the embedding kernels' knobs matter: backend triton runs its kernels unless grad mode is dense
+TRITON_EMBEDDING = (("embedding_backend", ("triton",)), ("embedding_grad_mode", ("sparse", "fused")))
 
 KNOBS = (
     Knob("precision", "choice", "fp32", category="precision", numerics="precision",
@@ -56,6 +58,18 @@ KNOBS = (
          why="torch: embedding_bag and a dozen small row ops; triton: one pooling kernel over all tables (device "
              "rows, cache slots, host rows gathered to the device) and, with grad mode fused, one fused "
              "backward + row-wise Adagrad over the touched rows (device or cached); grad mode dense stays torch"),
+    Knob("embedding_tile_elements", "choice", "auto", category="kernel", numerics="reorder",
+         choices=("auto", 1024, 2048, 4096, 8192),
+         why="fp32 elements of one Triton embedding program's [rows, row-slice] tile: larger tiles add more looked-up "
+             "rows per step (more loads in flight, more registers); it sets the chunking of the pooled sums "
+             "(auto: 4096)", active_when=TRITON_EMBEDDING),
+    Knob("embedding_num_warps", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 2, 4, 8),
+         why="warps per program of the Triton embedding kernels: more warps keep more row loads in flight but "
+             "split the tile's reductions differently (auto: a fixed shape rule)", active_when=TRITON_EMBEDDING),
+    Knob("embedding_num_stages", "choice", "auto", category="kernel", numerics="exact", choices=("auto", 1, 2, 3, 4),
+         why="software-pipelining depth of the Triton embedding kernels' loops over looked-up positions: deeper "
+             "stages prefetch the next rows while the current ones are summed; no change to the sums "
+             "(auto: Triton's default)", active_when=TRITON_EMBEDDING),
     Knob("embedding_cache_fraction", "float", 0.2, category="embedding", numerics="exact", low=0.01, high=1.0,
          why="rows the device cache holds, as a share of all rows (placement cached): more hits, more device memory"),
     Knob("embedding_cache_plan", "choice", "uniform", category="embedding", numerics="exact",

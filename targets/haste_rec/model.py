@@ -111,7 +111,8 @@ def embedding_config(config: Mapping[str, Any], size: HasteRecSize) -> Embedding
         cache_fraction=config["embedding_cache_fraction"], cache_plan=config["embedding_cache_plan"],
         eviction=config["embedding_eviction"], opt_state_cache_fraction=config["embedding_opt_state_cache_fraction"],
         pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"],
-        backend=config["embedding_backend"])
+        backend=config["embedding_backend"], triton_tile_elements=config["embedding_tile_elements"],
+        triton_num_warps=config["embedding_num_warps"], triton_num_stages=config["embedding_num_stages"])
 
 
 def cache_plan_inputs(data, size: HasteRecSize, emb_cfg: EmbeddingConfig) -> tuple[list[torch.Tensor] | None, list[int]]:

@@ -34,6 +34,17 @@ FLOP/byte models are in ``embedding_slots``, which must stay importable without 
   w -= lr * g / (sqrt(state) + eps), with correctly rounded division and square root, exactly
   ``row_ops.rowwise_adagrad``. No table-sized gradient, no atomics.
 
+Meta-parameters (``EmbeddingKernelConfig``; the knobs embedding_tile_elements, embedding_num_warps and
+embedding_num_stages): ``tile_elements`` (the fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D]
+tile), ``num_warps`` and ``num_stages``, each an int or "auto". "auto" resolves by a fixed rule of the
+shape (``resolve_gather_sum``, ``resolve_update``), never by timing, so a config gives the same bits on
+every run; the default config launches exactly what these kernels launched before they were knobs (a
+4096-element tile, 4 warps for the gather-sum, 4 or 8 for the update by tile size, Triton's default
+stages). The tile sets BLOCK_N, the positions a gather-sum program adds per step, hence the pooled sum's
+and the hot-row partials' association (numerics "reorder"; BLOCK_R, the update's rows per program, does
+not change a row's sum); num_warps sets how ``tl.sum`` splits its reductions over lanes and warps
+("reorder"); num_stages only changes how far the position and occurrence loops prefetch ("exact").
+
 Determinism: no atomics anywhere. Every sum runs in an order fixed by the data and the launch
 parameters (stable sort, then position order, chunk order, tile order), so repeated runs are
 bitwise identical. Against torch the summation order differs (tiles and chunks vs torch's own
@@ -56,15 +67,90 @@ CPU interpreter computes bf16 wrongly, so the CPU tests cover fp32 and fp16 only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 MAX_ROW = 8192          # widest row the update kernel holds in one program
-TILE_ELEMENTS = 4096    # fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D] tile
+AUTO = "auto"
+TILE_ELEMENTS = 4096    # auto: fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D] tile
+TILE_RANGE = (16, 16384)  # the tile_elements a config may set (powers of two)
+MAX_BLOCK_R = 16        # most rows one update program holds (its occurrence loop runs to their longest segment)
+WARPS = (1, 2, 4, 8, 16, 32)
+STAGES = range(1, 9)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+# ----------------------------------------------------------------------------- meta-parameters
+
+class Launch(NamedTuple):
+    """One kernel launch's meta-parameters, as an ``EmbeddingKernelConfig`` resolves them for a shape."""
+
+    block_rows: int          # BLOCK_N (gather-sum: positions per step) or BLOCK_R (update: rows per program)
+    block_d: int             # BLOCK_D: elements of a row per program
+    num_warps: int
+    num_stages: int | None   # None: Triton's default
+
+    def options(self) -> dict[str, int]:
+        """The launch keywords: num_warps, and num_stages unless it is Triton's default."""
+        return {"num_warps": self.num_warps} | ({} if self.num_stages is None else {"num_stages": self.num_stages})
+
+
+@dataclass(frozen=True)
+class EmbeddingKernelConfig:
+    """Meta-parameters of the embedding kernels (knobs embedding_tile_elements, embedding_num_warps,
+    embedding_num_stages): each an int or "auto", resolved per kernel by a fixed rule of the shape,
+    never by timing. Numerics: see the module docstring (tile and warps "reorder", stages "exact").
+
+    tile_elements: fp32 elements of one program's tile, a power of two in ``TILE_RANGE`` (auto:
+    ``TILE_ELEMENTS``). The gather-sum takes BLOCK_D = the row's next power of two capped by the tile,
+    and BLOCK_N = the expected segment length's next power of two capped by the tile's remaining rows;
+    the update holds whole rows (BLOCK_D = next power of two of D) and BLOCK_R = tile / BLOCK_D rows,
+    1 to ``MAX_BLOCK_R``.
+    num_warps: one of ``WARPS`` (auto: 4 for the gather-sum; 4 for an update tile of at most 2048
+    elements, else 8). num_stages: 1 to 8 (auto: Triton's default).
+    """
+
+    tile_elements: int | str = AUTO
+    num_warps: int | str = AUTO
+    num_stages: int | str = AUTO
+
+    def __post_init__(self) -> None:
+        lo, hi = TILE_RANGE
+        for name, ok, what in (
+                ("tile_elements", lambda v: lo <= v <= hi and v & (v - 1) == 0, f"a power of two from {lo} to {hi}"),
+                ("num_warps", lambda v: v in WARPS, "one of " + ", ".join(map(str, WARPS))),
+                ("num_stages", lambda v: v in STAGES, f"an integer from {STAGES.start} to {STAGES.stop - 1}")):
+            value = getattr(self, name)
+            if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or not ok(value)):
+                raise ValueError(f"EmbeddingKernelConfig.{name} must be {AUTO!r} or {what}, got {value!r}")
+
+    @property
+    def tile(self) -> int:
+        return TILE_ELEMENTS if self.tile_elements == AUTO else self.tile_elements
+
+    def _stages(self) -> int | None:
+        return None if self.num_stages == AUTO else self.num_stages
+
+    def resolve_gather_sum(self, D: int, segment_len: int) -> Launch:
+        """``_gather_sum_kernel``'s launch for rows of D elements and segments of about ``segment_len`` positions:
+        a whole row when it fits the tile, at most ``tile`` elements in all."""
+        block_d = min(triton.next_power_of_2(max(D, 1)), self.tile)
+        block_n = max(1, min(triton.next_power_of_2(max(segment_len, 1)), self.tile // block_d))
+        warps = 4 if self.num_warps == AUTO else self.num_warps
+        return Launch(block_n, block_d, warps, self._stages())
+
+    def resolve_update(self, D: int, block_r: int | None = None) -> Launch:
+        """``_rowwise_adagrad_kernel``'s launch for rows of D elements (``block_r``: rows per program, if given)."""
+        block_d = triton.next_power_of_2(max(D, 1))
+        block_r = block_r or max(1, min(MAX_BLOCK_R, self.tile // block_d))
+        warps = (4 if block_r * block_d <= 2048 else 8) if self.num_warps == AUTO else self.num_warps
+        return Launch(block_r, block_d, warps, self._stages())
+
+
+DEFAULT_EMBEDDING_CONFIG = EmbeddingKernelConfig()
 
 
 # ----------------------------------------------------------------------------- shape contract
@@ -87,13 +173,6 @@ def check_bags(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor |
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() < 2 or t.shape[1] <= 1 or t.stride(1) == 1 else t.contiguous()
-
-
-def _tile(D: int, rows_hint: int) -> tuple[int, int]:
-    """(block over rows/positions, BLOCK_D): a whole row when it fits, at most TILE_ELEMENTS in all."""
-    block_d = min(triton.next_power_of_2(max(D, 1)), TILE_ELEMENTS)
-    block_n = max(1, min(triton.next_power_of_2(max(rows_hint, 1)), TILE_ELEMENTS // block_d))
-    return block_n, block_d
 
 
 # ----------------------------------------------------------------------------- gather + segment sum
@@ -128,18 +207,20 @@ def _gather_sum_kernel(index_ptr, src_ptr, weight_ptr, starts_ptr, ends_ptr, out
 
 
 def _gather_sum(index: torch.Tensor, src: torch.Tensor, weights: torch.Tensor | None, starts: torch.Tensor,
-                ends: torch.Tensor, last_end: int, out: torch.Tensor, segment_len: int) -> torch.Tensor:
+                ends: torch.Tensor, last_end: int, out: torch.Tensor, segment_len: int,
+                config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> torch.Tensor:
     """Launch ``_gather_sum_kernel`` over out's rows (segments), BLOCK_N sized for segments of about
-    ``segment_len`` positions; ends has one fewer entry than starts when last_end closes the last segment."""
+    ``segment_len`` positions (``config.resolve_gather_sum``); ends has one fewer entry than starts when
+    last_end closes the last segment."""
     segments, D = out.shape
     if segments == 0:
         return out
-    block_n, block_d = _tile(D, segment_len)
-    grid = (segments, triton.cdiv(D, block_d))
+    launch = config.resolve_gather_sum(D, segment_len)
+    grid = (segments, triton.cdiv(D, launch.block_d))
     _gather_sum_kernel[grid](
         index, src, index if weights is None else weights, starts, ends, out,
         ends.numel(), last_end, D, src.stride(0), out.stride(0),
-        HAS_WEIGHTS=weights is not None, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+        HAS_WEIGHTS=weights is not None, BLOCK_N=launch.block_rows, BLOCK_D=launch.block_d, **launch.options())
     return out
 
 
@@ -147,12 +228,14 @@ def _gather_sum(index: torch.Tensor, src: torch.Tensor, weights: torch.Tensor | 
 
 def embedding_pool_forward(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                            rows: torch.Tensor, out: torch.Tensor | None = None,
-                           block_n: int | None = None) -> torch.Tensor:
+                           block_n: int | None = None,
+                           config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> torch.Tensor:
     """pooled [bags, D]: pooled[i] = sum over ids[offsets[i]:offsets[i+1]] of rows[id] (* weight), all tables at once.
 
     Contract and cost model: ``embedding_slots.pool_forward_reference`` (``row_ops.pool``) and ``pool_forward_cost``.
     ``out`` (optional) is a [bags, D] buffer of the rows' dtype, unit stride along D; ``block_n`` (optional)
-    the ids loaded per step (a power of two; default: the mean bag's length, capped by the tile).
+    the ids loaded per step (rounded up to a power of two; default: the mean bag's length), capped by the
+    tile of ``config`` (the launch's meta-parameters, ``EmbeddingKernelConfig``).
     """
     check_bags(ids, offsets, weights, rows)
     shape = (offsets.numel(), rows.shape[1])
@@ -163,7 +246,7 @@ def embedding_pool_forward(ids: torch.Tensor, offsets: torch.Tensor, weights: to
     if ids.numel() == 0:
         return out.zero_()
     segment_len = block_n or -(-ids.numel() // max(offsets.numel(), 1))  # the mean bag
-    return _gather_sum(ids, rows, weights, offsets, offsets[1:], ids.numel(), out, segment_len)
+    return _gather_sum(ids, rows, weights, offsets, offsets[1:], ids.numel(), out, segment_len, config)
 
 
 # ----------------------------------------------------------------------------- fused backward + Adagrad
@@ -228,10 +311,10 @@ class Segments:
 
 
 def segment_rows(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, grad_pooled: torch.Tensor,
-                 num_rows: int, chunk: int = 32) -> Segments:
+                 num_rows: int, chunk: int = 32, config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> Segments:
     """Sort the ids (stable: a row's occurrences stay in position order), cut one segment per distinct row,
-    and sum the chunks of rows with more than ``chunk`` occurrences into fp32 partials. Two host syncs
-    (the number of distinct rows and of chunks)."""
+    and sum the chunks of rows with more than ``chunk`` occurrences into fp32 partials (``_gather_sum`` as
+    ``config`` says). Two host syncs (the number of distinct rows and of chunks)."""
     if chunk < 1:
         raise ValueError(f"chunk must be positive, not {chunk}")
     narrow = num_rows <= 2 ** 31  # ids < num_rows: 32-bit keys, half the radix-sort passes
@@ -250,30 +333,31 @@ def segment_rows(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor
         seg = torch.repeat_interleave(torch.arange(rows.numel(), device=ids.device), n_chunks, output_size=total)
         lo = start[seg] + (torch.arange(total, device=ids.device) - chunk_start[seg]) * chunk
         hi = torch.minimum(lo + chunk, end[seg])
-        _gather_sum(bag, grad_pooled, weight, lo, hi, 0, partial, chunk)
+        _gather_sum(bag, grad_pooled, weight, lo, hi, 0, partial, chunk, config)
     return Segments(rows, start, count, bag, weight, chunk_start, partial)
 
 
 def _adagrad(seg: Segments, grad_pooled: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
              w_out: torch.Tensor, s_out: torch.Tensor, lr: float, eps: float, chunk: int,
-             state_index: torch.Tensor | None, in_place: bool, block_r: int | None) -> torch.Tensor:
-    """Launch ``_rowwise_adagrad_kernel``; returns each distinct row's squared gradient norm (fp32 [U])."""
+             state_index: torch.Tensor | None, in_place: bool, block_r: int | None,
+             config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> torch.Tensor:
+    """Launch ``_rowwise_adagrad_kernel`` as ``config.resolve_update`` says; returns each distinct row's
+    squared gradient norm (fp32 [U])."""
     U, D = seg.rows.numel(), weight.shape[1]
     sq = torch.empty(U, dtype=torch.float32, device=weight.device)
     if U == 0:
         return sq
     if D > MAX_ROW:
         raise ValueError(f"rows of {D} elements exceed the update kernel's {MAX_ROW}")
-    block_d = triton.next_power_of_2(D)
-    block_r = block_r or max(1, min(16, TILE_ELEMENTS // block_d))
+    launch = config.resolve_update(D, block_r)
     dummy = seg.rows
-    _rowwise_adagrad_kernel[(triton.cdiv(U, block_r),)](
+    _rowwise_adagrad_kernel[(triton.cdiv(U, launch.block_rows),)](
         seg.bag, dummy if seg.weight is None else seg.weight, grad_pooled, seg.start, seg.count, seg.chunk_start,
         seg.partial, seg.rows, dummy if state_index is None else state_index, weight, state, w_out, s_out, sq,
         U, D, chunk, grad_pooled.stride(0), weight.stride(0), state.stride(0), w_out.stride(0), s_out.stride(0),
         float(lr), float(eps),
         HAS_WEIGHTS=seg.weight is not None, HAS_STATE_INDEX=state_index is not None, IN_PLACE=in_place,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_r * block_d <= 2048 else 8)
+        BLOCK_R=launch.block_rows, BLOCK_D=launch.block_d, **launch.options())
     return sq
 
 
@@ -292,35 +376,39 @@ def _check_update(ids, offsets, weights, grad_pooled, rows, state) -> torch.Tens
 def embedding_fused_update_(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                             grad_pooled: torch.Tensor, rows: torch.Tensor, state: torch.Tensor, lr: float,
                             eps: float, state_index: torch.Tensor | None = None, chunk: int = 32,
-                            block_r: int | None = None) -> torch.Tensor:
+                            block_r: int | None = None,
+                            config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> torch.Tensor:
     """In place: each row r the batch looked up gets g_r = sum of d(pooled) of its bags (times its weights) and
     state[s] += mean(g_r^2); rows[r] -= lr * g_r / (sqrt(state[s]) + eps), with s = state_index[r] (or r).
 
     The trainer's path (grad mode fused). Returns the squared norm of each distinct row's gradient
-    (fp32 [U], rows in sorted order), whose sum is the embedding gradient's squared norm.
+    (fp32 [U], rows in sorted order), whose sum is the embedding gradient's squared norm. ``config``: both
+    kernels' meta-parameters (``EmbeddingKernelConfig``).
     """
     grad_pooled = _check_update(ids, offsets, weights, grad_pooled, rows, state)
-    seg = segment_rows(ids, offsets, weights, grad_pooled, rows.shape[0], chunk)
-    return _adagrad(seg, grad_pooled, rows, state, rows, state, lr, eps, chunk, state_index, True, block_r)
+    seg = segment_rows(ids, offsets, weights, grad_pooled, rows.shape[0], chunk, config)
+    return _adagrad(seg, grad_pooled, rows, state, rows, state, lr, eps, chunk, state_index, True, block_r, config)
 
 
 def embedding_fused_update(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                            grad_pooled: torch.Tensor, rows: torch.Tensor, state: torch.Tensor, lr: float,
                            eps: float, out: torch.Tensor | None = None, chunk: int = 32,
-                           block_r: int | None = None) -> torch.Tensor:
+                           block_r: int | None = None,
+                           config: EmbeddingKernelConfig = DEFAULT_EMBEDDING_CONFIG) -> torch.Tensor:
     """[U, D + 1]: the new weights (columns :D) and Adagrad state (column D) of the U distinct looked-up rows,
     sorted by row; ``rows`` and ``state`` are left as they are (the kernel-slot form of the update).
 
     Contract and cost model: ``embedding_slots.fused_update_reference`` and ``fused_update_cost``.
     """
     grad_pooled = _check_update(ids, offsets, weights, grad_pooled, rows, state)
-    seg = segment_rows(ids, offsets, weights, grad_pooled, rows.shape[0], chunk)
+    seg = segment_rows(ids, offsets, weights, grad_pooled, rows.shape[0], chunk, config)
     shape = (seg.rows.numel(), rows.shape[1] + 1)
     if out is None:
         out = torch.empty(shape, dtype=rows.dtype, device=rows.device)
     elif tuple(out.shape) != shape or out.dtype != rows.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be {rows.dtype} {shape} with unit stride along columns")
-    _adagrad(seg, grad_pooled, rows, state, out, out[:, rows.shape[1]:], lr, eps, chunk, None, False, block_r)
+    _adagrad(seg, grad_pooled, rows, state, out, out[:, rows.shape[1]:], lr, eps, chunk, None, False, block_r,
+             config)
     return out
 
 

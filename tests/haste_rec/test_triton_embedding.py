@@ -170,6 +170,112 @@ def test_shape_contract() -> None:
             call()
 
 
+# ----------------------------------------------------------------------------- meta-parameters (EmbeddingKernelConfig)
+
+KC = te.EmbeddingKernelConfig
+TODAY = KC(tile_elements=4096, num_warps=4, num_stages=3)  # the launch before the knobs (3: CUDA's default stages)
+OTHER_CONFIGS = [KC(tile_elements=1024, num_warps=2), KC(tile_elements=8192, num_warps=8, num_stages=2),
+                 KC(tile_elements=64, num_stages=1)]  # 64: D=70 rows split over two column programs
+
+
+def test_default_config_is_bitwise_the_fixed_launch() -> None:
+    """The default config launches what the kernels launched before they had a config: same bits."""
+    for shape in SHAPES[:3]:
+        ids, offsets, weights, rows = _inputs(pool_forward_inputs, shape, torch.float32)
+        assert torch.equal(te.embedding_pool_forward(ids, offsets, weights, rows),
+                           te.embedding_pool_forward(ids, offsets, weights, rows, config=TODAY))
+    for shape in SHAPES[:2]:  # D <= 128: the update's auto warps are 4 there
+        inputs = _inputs(fused_update_inputs, shape, torch.float32)
+        assert torch.equal(te.embedding_fused_update(*inputs, chunk=4),
+                           te.embedding_fused_update(*inputs, chunk=4, config=TODAY))
+
+
+@pytest.mark.parametrize("config", OTHER_CONFIGS, ids=lambda c: f"tile{c.tile_elements}_w{c.num_warps}_s{c.num_stages}")
+def test_other_configs_stay_in_the_reorder_band(config) -> None:
+    """Pooled forward and fused update (hot rows chunked) at non-default tiles, warps and stages: within the
+    fp32 tolerance of the float64 reference, every output element written."""
+    for shape in SHAPES[:3] if config.tile >= 1024 else SHAPES[:2]:  # tile 64 at D=4100: 65 programs a bag
+        ids, offsets, weights, rows = inputs = _inputs(pool_forward_inputs, shape, torch.float32)
+        out = te.embedding_pool_forward(ids, offsets, weights, rows, config=config,
+                                        out=_nan((offsets.numel(), rows.shape[1]), torch.float32))
+        _check(out, pool_forward_reference(*_f64(inputs)), torch.float32)
+        inputs = _inputs(fused_update_inputs, shape, torch.float32)
+        want = fused_update_reference(*_f64(inputs))
+        out = te.embedding_fused_update(*inputs, out=_nan(tuple(want.shape), torch.float32), chunk=4, config=config)
+        _check(out, want, torch.float32)
+
+
+def test_resolve_is_a_fixed_rule_of_the_shape() -> None:
+    auto, small, big = te.DEFAULT_EMBEDDING_CONFIG, KC(tile_elements=1024), KC(8192, 8, 2)
+    Launch = te.Launch
+    # gather-sum: (BLOCK_N, BLOCK_D, warps, stages); a whole row up to the tile, BLOCK_N = the segment's power of two
+    assert auto.resolve_gather_sum(128, 20) == Launch(32, 128, 4, None)
+    assert auto.resolve_gather_sum(13, 5) == Launch(8, 16, 4, None)
+    assert auto.resolve_gather_sum(8192, 20) == Launch(1, 4096, 4, None)
+    assert small.resolve_gather_sum(128, 20) == Launch(8, 128, 4, None)
+    assert big.resolve_gather_sum(128, 100) == Launch(64, 128, 8, 2)
+    # update: (BLOCK_R, BLOCK_D, warps, stages); whole rows, BLOCK_R = tile / BLOCK_D in [1, 16], 8 warps over 2048
+    assert auto.resolve_update(128) == Launch(16, 128, 4, None)
+    assert auto.resolve_update(256) == Launch(16, 256, 8, None)
+    assert auto.resolve_update(4100) == Launch(1, 8192, 8, None)
+    assert auto.resolve_update(128, block_r=2) == Launch(2, 128, 4, None)
+    assert small.resolve_update(128) == Launch(8, 128, 4, None)
+    assert big.resolve_update(70) == Launch(16, 128, 8, 2)
+    assert Launch(8, 128, 4, None).options() == {"num_warps": 4}
+    assert Launch(8, 128, 4, 2).options() == {"num_warps": 4, "num_stages": 2}
+    assert auto == KC() == KC("auto", "auto", "auto") and auto.resolve_update(128) == KC().resolve_update(128)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("tile_elements", 100, "a power of two from 16 to 16384"),
+    ("tile_elements", 8, "a power of two"),
+    ("tile_elements", 32768, "a power of two"),
+    ("tile_elements", "1024", "a power of two"),
+    ("num_warps", 3, "one of 1, 2, 4, 8, 16, 32"),
+    ("num_warps", True, "one of"),
+    ("num_stages", 0, "an integer from 1 to 8"),
+    ("num_stages", "fast", "an integer"),
+])
+def test_bad_meta_parameters_are_value_errors(field: str, value, words: str) -> None:
+    with pytest.raises(ValueError, match=f"EmbeddingKernelConfig.{field} must be 'auto' or {words}.*got {value!r}"):
+        KC(**{field: value})
+
+
+def test_kernel_knobs() -> None:
+    names = [k.name for k in KNOB_SPACE]
+    at = names.index("embedding_backend")
+    assert names[at + 1:at + 4] == ["embedding_tile_elements", "embedding_num_warps", "embedding_num_stages"]
+    for name, choices, numerics in (("embedding_tile_elements", ("auto", 1024, 2048, 4096, 8192), "reorder"),
+                                    ("embedding_num_warps", ("auto", 2, 4, 8), "reorder"),
+                                    ("embedding_num_stages", ("auto", 1, 2, 3, 4), "exact")):
+        knob = KNOB_SPACE[name]
+        assert (knob.default, knob.choices, knob.category, knob.numerics) == ("auto", choices, "kernel", numerics)
+        assert knob.parse(str(choices[1])) == choices[1] and knob.why
+        for value in choices[1:]:  # every value is a valid config
+            KC(**{name.removeprefix("embedding_"): value})
+        assert not knob.is_active(KNOB_SPACE.resolve({}))
+        assert not knob.is_active(KNOB_SPACE.resolve({"embedding_backend": "triton"}))  # grad mode dense: torch
+        assert knob.is_active(KNOB_SPACE.resolve({"embedding_backend": "triton", "embedding_grad_mode": "fused"}))
+        assert knob.is_active(KNOB_SPACE.resolve({"embedding_backend": "triton", "embedding_grad_mode": "sparse"}))
+
+
+def test_store_passes_the_config_to_both_kernels(monkeypatch) -> None:
+    """EmbeddingConfig's triton_* fields reach the pooled forward and the fused update; bad ones fail at build."""
+    cfg = replace(store_tests.BASE, grad_mode="fused", backend="triton", triton_tile_elements=1024,
+                  triton_num_warps=2, triton_num_stages=2)
+    configs = []
+    real = te.embedding_pool_forward
+    monkeypatch.setattr(te, "embedding_pool_forward", lambda *a, **kw: configs.append(kw["config"]) or real(*a, **kw))
+    rows = EmbeddingStore(store_tests.TABLE_ROWS, store_tests.DIM, cfg, DEVICE, 0,
+                          max_unique_per_batch=store_tests.MAX_UNIQUE)._rows
+    assert rows.fused_kernel.keywords["config"] == KC(1024, 2, 2)
+    ids, offsets, weights, table = _inputs(pool_forward_inputs, SHAPES[0], torch.float32)
+    rows.pool(ids, table, offsets, weights)
+    assert configs == [KC(1024, 2, 2)]
+    with pytest.raises(ValueError, match="tile_elements"):
+        EmbeddingStore(store_tests.TABLE_ROWS, store_tests.DIM, replace(cfg, triton_tile_elements=100), DEVICE, 0)
+
+
 # ----------------------------------------------------------------------------- the slots
 
 def test_slots_pass_the_kernel_validator() -> None:
@@ -290,7 +396,8 @@ def _numerics(overrides: dict, steps: int):
 
 
 def test_trainer_backend_triton_within_the_reorder_band() -> None:
-    """size tiny, grad mode fused: triton vs torch by validators.numerics (30 steps on a GPU, 6 interpreted)."""
+    """size tiny, grad mode fused: triton vs torch by validators.numerics (30 steps on a GPU, 6 interpreted),
+    with the kernels' default meta-parameters and with non-default embedding_* kernel knobs."""
     from validators.numerics import compare
     steps = 30 if ON_GPU else 6
     base, _ = _numerics({"embedding_grad_mode": "fused"}, steps)
@@ -298,4 +405,10 @@ def test_trainer_backend_triton_within_the_reorder_band() -> None:
     assert session.model.embeddings.cfg.backend == "triton", \
         "model.embedding_config must pass config['embedding_backend'] to EmbeddingConfig(backend=...)"
     verdict = compare(base, cand, "reorder")
+    assert verdict.ok, verdict.detail
+    knobs = {"embedding_tile_elements": 1024, "embedding_num_warps": 2, "embedding_num_stages": 2}
+    tuned, session = _numerics({"embedding_grad_mode": "fused", "embedding_backend": "triton", **knobs}, steps)
+    assert session.model.embeddings._rows.fused_kernel.keywords["config"] == KC(1024, 2, 2), \
+        "model.embedding_config must pass the embedding_* kernel knobs to EmbeddingConfig(triton_...)"
+    verdict = compare(base, tuned, "reorder")
     assert verdict.ok, verdict.detail
