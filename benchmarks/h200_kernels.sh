@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call: the Triton kernels' CUDA tests (bf16 and fp32, trainer trajectories) and the kernel
 # benchmarks (HASTE tail at the paper's shapes, pooled embeddings at 26 x 1M x 128).
-# TUNE=1 adds the meta-parameter sweeps (tail kernels; the fused loss in fp32 at each tl.dot precision).
+# TUNE=1 adds the meta-parameter sweeps (tail kernels; embedding kernels; the fused loss in fp32 at each
+# tl.dot precision). Each step has its own timeout; split it over calls (run the steps inline) when a
+# call's limit is near.
 # Usage: OUT=/some/dir [TUNE=1] bash benchmarks/h200_kernels.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}
@@ -27,6 +29,9 @@ if [ "${TUNE:-0}" = 1 ]; then
 echo "== tail kernel meta-parameter sweep at the main shape"
 timeout 240 python3 -m benchmarks.kernels --configs main --tune --out "$OUT/tune.json" > "$OUT/tune.md" 2> "$OUT/tune.err"
 cat "$OUT/tune.md" | tail -40; tail -3 "$OUT/tune.err"
+echo "== embedding kernel knob sweep (tile, warps, stages) at 26 x 1M x 128"
+timeout 240 python3 -m benchmarks.embedding_kernels --tune --out "$OUT/embedding_tune.json" > "$OUT/embedding_tune.md" 2>&1
+grep -A 60 "knob sweep" "$OUT/embedding_tune.md" | head -60
 echo "== the fused loss kernel in fp32 at each tl.dot precision (the knob matmul_precision), around the defaults"
 timeout 150 python3 -m benchmarks.fused_bce_sweep --dtypes float32 --precisions ieee tf32 tf32x3 --quick \
     --out "$OUT/fused_fp32.json" 2>&1 | grep -v Warning | tail -20
