@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 
@@ -71,14 +70,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="tl.dot input precisions of the fp32 rows")
     parser.add_argument("--quick", action="store_true", help=f"only {len(QUICK_GRID)} configs around the defaults")
     args = parser.parse_args(argv)
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    if not cuda:
-        if not args.smoke:
-            print("benchmarks.fused_bce_sweep needs a CUDA device (or --smoke on the CPU interpreter)", file=sys.stderr)
-            return 2
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
-    from benchmarks.kernels import MAIN
-    device = torch.device("cuda" if cuda else "cpu")
+    from benchmarks.kernels import MAIN, kernel_device
+    device = kernel_device("benchmarks.fused_bce_sweep", args.smoke)
+    if device is None:
+        return 2
+    cuda = device.type == "cuda"
     if args.smoke:
         rows = sweep(SMOKE_SHAPE, (torch.float32,), SMOKE_GRID, device, 1, tuple(args.precisions))
     else:

@@ -311,6 +311,18 @@ def tune_markdown(rows: list[dict]) -> str:
     return "kernel knob sweep (best per column in bold):\n\n" + "\n".join(lines) + "\n"
 
 
+def kernel_device(script: str, smoke: bool) -> torch.device | None:
+    """CUDA when there is a GPU and the interpreter is off; else, for a --smoke run, the CPU with Triton's
+    interpreter (switched on here, before the kernels are first imported); else None, after one sentence."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return torch.device("cuda")
+    if not smoke:
+        print(f"{script} needs a CUDA device (or --smoke on the CPU interpreter)", file=sys.stderr)
+        return None
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="write the JSON results here")
@@ -322,13 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, few repeats; on a CPU via TRITON_INTERPRET=1")
     parser.add_argument("--tune", action="store_true", help="also sweep the tail_* kernel knobs (TUNE_GRID)")
     args = parser.parse_args(argv)
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    if not cuda:
-        if not args.smoke:
-            print("benchmarks.kernels needs a CUDA device (or --smoke on the CPU interpreter)", file=sys.stderr)
-            return 2
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
-    device = torch.device("cuda" if cuda else "cpu")
+    device = kernel_device("benchmarks.kernels", args.smoke)
+    if device is None:
+        return 2
+    cuda = device.type == "cuda"
     # The interpreter computes bf16 wrongly: the CPU smoke runs fp32.
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cuda else torch.float32)
     repeats = args.repeats or (2 if args.smoke else 20)

@@ -29,6 +29,13 @@ PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optim
 PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
 
 
+def _ones_at(targets: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """targets[rows, cols] = 1 in place (a contiguous 2-D tensor), with the 1 passed to the kernel as a scalar:
+    ``targets[rows, cols] = 1.0`` may make the 1 a host tensor and copy it to the device, a copy that waits
+    for the stream, i.e. for every kernel queued before it (the fused tail's, in the loss phase)."""
+    return targets.view(-1).index_fill_(0, rows * targets.shape[1] + cols, 1.0).view_as(targets)
+
+
 class HasteRecSession:
     """A built config of haste_rec, ready to train (see targets.protocol.Session)."""
 
@@ -67,24 +74,23 @@ class HasteRecSession:
         return contextlib.nullcontext()
 
     def _positives(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch row, internal column) of every positive label of the batch."""
+        """(batch row, internal column) of every positive label of the batch. The output size is the labels'
+        count, known on the host, so repeat_interleave need not read it back from the device (a sync)."""
         counts = batch.label_offsets[1:] - batch.label_offsets[:-1]
-        rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=counts.device), counts)
+        rows = torch.repeat_interleave(torch.arange(batch.batch_size, device=counts.device), counts,
+                                       output_size=batch.labels.numel())
         return rows, self.position[batch.labels]
 
     def _targets(self, batch: Batch, columns: int) -> torch.Tensor:
         """Dense 0/1 targets in the output layer's internal column order."""
         rows, cols = self._positives(batch)
-        targets = torch.zeros(batch.batch_size, columns, device=self.device)
-        targets[rows, cols] = 1.0
-        return targets
+        return _ones_at(torch.zeros(batch.batch_size, columns, device=self.device), rows, cols)
 
     def _head_targets(self, rows: torch.Tensor, cols: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Dense 0/1 targets of the head's columns only (tail positives land in a dropped extra column:
         no data-dependent shape, so no device sync)."""
         n_head = self.model.output.n_head
-        targets = torch.zeros(batch_size, n_head + 1, device=self.device)
-        targets[rows, cols.clamp(max=n_head)] = 1.0
+        targets = _ones_at(torch.zeros(batch_size, n_head + 1, device=self.device), rows, cols.clamp(max=n_head))
         return targets[:, :n_head]
 
     def _hidden(self, batch: Batch) -> torch.Tensor:

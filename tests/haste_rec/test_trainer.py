@@ -9,6 +9,7 @@ import torch
 
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import tail_kernel_config
+from targets.haste_rec.session import _ones_at
 from targets.haste_rec.sizes import SIZES
 from targets.haste_rec.target import build
 from targets.protocol import ConfigError
@@ -159,3 +160,12 @@ def test_every_knob_value_trains(change):
         return
     losses, _ = train(change, steps=3)
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_targets_mark_each_positive_once():
+    """The targets are written with the 1 as a kernel scalar (no host copy that would wait for the device):
+    the same tensor as indexing with a Python 1.0, repeated pairs included."""
+    rows, cols = torch.tensor([0, 2, 2, 0, 1]), torch.tensor([1, 4, 4, 0, 3])
+    want = torch.zeros(3, 5)
+    want[rows, cols] = 1.0
+    assert torch.equal(_ones_at(torch.zeros(3, 5), rows, cols), want)
