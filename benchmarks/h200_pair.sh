@@ -4,7 +4,9 @@
 #
 # A and B are the settings of benchmarks/h200_resumable.sh for each run (SIZE, CONFIG, SEARCH, ITERS,
 # MINUTES...). Each run keeps its own runs directory (runs/pair-a, runs/pair-b) and results folder
-# ($OUT/a, $OUT/b, each with optimize.log and run.tgz); CARRY_A / CARRY_B bring a run back on a cold machine.
+# ($OUT/a, $OUT/b, each with optimize.log and run.tgz); CARRY_A / CARRY_B bring a run back on a cold machine
+# (copy a fetched run.tgz under .carry/, which git ignores, and name that folder in the device call's carry).
+# A run of many candidates (the TPE oracle: SEARCH=tpe ITERS=100 MINUTES=600) goes on over sessions that way.
 # The two runs share the host (memory bandwidth, PCIe), so each one's A/A noise floor is calibrated under the
 # other's load; the fresh `sg-opt bench --vs` re-measurement of each winner runs only after both runs have
 # finished, one after the other, with the host otherwise idle.
