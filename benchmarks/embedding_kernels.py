@@ -232,17 +232,11 @@ def table(results: list[Result]) -> str:
 
 def tune_table(rows: list[dict], label: str) -> str:
     """The tune rows as Markdown: median ms per op, the best of each column in bold; failed points by name."""
-    names = list(TUNE_OPS)
-    lines = [f"embedding kernel knob sweep at {label} (median ms, best per column in bold):", "",
-             "| tile_elements | num_warps | num_stages | " + " | ".join(f"{TUNE_OPS[n]} ms" for n in names)
-             + " | max rel error |", "|---|---|---|" + "---|" * (len(names) + 1)]
-    best = {n: min((r[n] for r in rows if isinstance(r[n], float)), default=None) for n in names}
-    for r in rows:
-        cells = [r[n] if not isinstance(r[n], float) else f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}"
-                 for n in names]
-        error = "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.2g}"
-        lines.append("| " + " | ".join(str(r[k]) for k in TUNE_KEYS) + " | " + " | ".join(cells) + f" | {error} |")
-    return "\n".join(lines)
+    from benchmarks.kernels import knob_table
+    shown = [r | {"max_rel_error": "-" if r["max_rel_error"] is None else f"{r['max_rel_error']:.2g}"} for r in rows]
+    return knob_table(shown, {k: k for k in TUNE_KEYS},
+                      {**{n: f"{op} ms" for n, op in TUNE_OPS.items()}, "max_rel_error": "max rel error"},
+                      f"embedding kernel knob sweep at {label} (median ms, best per column in bold):")
 
 
 def verdict(results: list[Result]) -> dict:
@@ -286,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results = measure(bench, full=True)
     tuned = tune(bench, SMOKE_TUNE_GRID if args.smoke else TUNE_GRID) if args.tune else None
-    tune_label = bench.label
+    tuned_text = tune_table(tuned, bench.label) if tuned is not None else None
     del bench
     if args.hot_q:  # smoke: one row per table, looked up more often than the update kernel's chunk
         hot_q = 1 if args.smoke else max(1, min(args.hot_q, shape["B"] * shape["P"]))
@@ -301,14 +295,12 @@ def main(argv: list[str] | None = None) -> int:
           f"forward + fused backward + row-wise Adagrad {summary['forward_fused_backward_adagrad_ms']:.3f} ms "
           f"(anchor dense {ANCHORS['embedding_bag_forward_backward_dense_ms']} ms, goal <= "
           f"{GOALS['forward_fused_backward_adagrad_ms']} ms)")
-    if tuned is not None:
-        print("\n" + tune_table(tuned, tune_label))
+    if tuned_text is not None:
+        print("\n" + tuned_text)
     record = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "smoke": args.smoke,
               "dtype": "float32", "shape": shape, "timing": "cuda-events+l2-flush" if cuda else "perf_counter",
               "repeats": repeats, "warmup": warmup, "checks": checks, "anchors": ANCHORS, "goals": GOALS,
-              "verdict": summary, "results": [r.to_dict() for r in results]}
-    if tuned is not None:
-        record["tune"] = tuned
+              "verdict": summary, "results": [r.to_dict() for r in results]} | ({"tune": tuned} if args.tune else {})
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)

@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -299,16 +299,26 @@ def markdown(result: dict) -> str:
     return head + "\n".join(lines) + "\n\n" + ratios + "\n"
 
 
+def knob_table(rows: list[dict], keys: dict[str, str], columns: dict[str, str], title: str) -> str:
+    """A knob sweep as Markdown: the knob values (``keys``: row key -> header), then one column per
+    ``columns`` entry; in each, the least float (a median ms) is in bold, floats print to 3 decimals and any
+    other cell (a failed point's error name, a preformatted note) as it is."""
+    def cell(value: Any, best: float | None) -> str:
+        if not isinstance(value, float):
+            return str(value)
+        return f"**{value:.3f}**" if value == best else f"{value:.3f}"
+    best = {n: min((r[n] for r in rows if isinstance(r[n], float)), default=None) for n in columns}
+    lines = ["| " + " | ".join([*keys.values(), *columns.values()]) + " |", "|" + "---|" * (len(keys) + len(columns))]
+    lines += ["| " + " | ".join([*(str(r[k]) for k in keys), *(cell(r[n], best[n]) for n in columns)]) + " |"
+              for r in rows]
+    return f"{title}\n\n" + "\n".join(lines) + "\n"
+
+
 def tune_markdown(rows: list[dict]) -> str:
-    names = [k for k in rows[0] if k not in ("block_b", "num_warps", "num_stages")]
-    lines = ["| block_b | warps | stages | " + " | ".join(f"{n} ms" for n in names) + " |",
-             "|---|---|---|" + "---|" * len(names)]
-    best = {n: min((r[n] for r in rows if isinstance(r[n], float)), default=None) for n in names}
-    for r in rows:
-        cells = [r[n] if not isinstance(r[n], float) else f"**{r[n]:.3f}**" if r[n] == best[n] else f"{r[n]:.3f}"
-                 for n in names]
-        lines.append(f"| {r['block_b']} | {r['num_warps']} | {r['num_stages']} | " + " | ".join(cells) + " |")
-    return "kernel knob sweep (best per column in bold):\n\n" + "\n".join(lines) + "\n"
+    """The tail kernels' sweep (``tune``) as Markdown."""
+    keys = {"block_b": "block_b", "num_warps": "warps", "num_stages": "stages"}
+    columns = {n: f"{n} ms" for n in rows[0] if n not in keys}
+    return knob_table(rows, keys, columns, "kernel knob sweep (best per column in bold):")
 
 
 def kernel_device(script: str, smoke: bool) -> torch.device | None:
