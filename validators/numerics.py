@@ -234,7 +234,9 @@ def _trajectories(base: NumericsData, cand: NumericsData, loss_band: Callable[[i
 
 
 class ReorderCalibration(BaseModel):
-    """How far the baseline drifts from itself when only its float association changes."""
+    """How far the baseline drifts from itself when only its float association changes, and the reorder
+    bands that follow: every point gets the fixed band times ``scale``, or SAFETY times the baseline's own
+    drift at that point where that is wider (at most REORDER_POINT_MAX)."""
 
     scale: float = Field(1.0, description="multiplier of the reorder bands: max(1, SAFETY x worst), at most MAX_SCALE")
     worst: float = Field(0.0, description="the largest error / unscaled band of the self-comparison")
@@ -245,6 +247,20 @@ class ReorderCalibration(BaseModel):
     end_drift: dict[str, float] = Field(default_factory=dict, description=(
         "'probe <key>' and 'param norm of <group>': their relative self-drift, widening their bands alike"))
     detail: str = ""
+
+    def step_band(self, step: int) -> float:
+        """The band of a step's loss and grad norms."""
+        drift = self.step_drift[step] if step < len(self.step_drift) else 0.0
+        return _widened(reorder_band(step, self.scale), drift)
+
+    def end_band(self, point: str, steps: int) -> float:
+        """The band of an end-of-run point (``_probe_point``, ``_norm_point``) after ``steps`` steps."""
+        return _widened(reorder_band(steps, self.scale), self.end_drift.get(point, 0.0))
+
+
+def _widened(fixed: float, drift: float) -> float:
+    """A point's band: the (scaled) fixed band, or SAFETY times its self-drift where wider, at most POINT_MAX."""
+    return max(fixed, min(REORDER_POINT_MAX, REORDER_SAFETY * drift))
 
 
 def _probe_point(key: str) -> str:
@@ -258,19 +274,18 @@ def _norm_point(group: str) -> str:
 
 
 def _reorder(base: NumericsData, cand: NumericsData, calibration: ReorderCalibration | None = None) -> list[Measure]:
-    """Every point against the fixed band times the calibrated scale, or SAFETY times the baseline's own
-    drift at that point where that is wider (at most REORDER_POINT_MAX)."""
-    cal = calibration or ReorderCalibration()
+    """Every point against its calibrated band (``ReorderCalibration``; None: the fixed bands)."""
+    cal, steps = calibration or ReorderCalibration(), len(base.losses)
+    return [*_trajectories(base, cand, cal.step_band, cal.step_band),
+            _probe_rel_l2(base, cand, lambda key: cal.end_band(_probe_point(key), steps)),
+            *_param_norms(base, cand, lambda k: cal.end_band(_norm_point(k), steps))]
 
-    def widened(fixed: float, drift: float) -> float:
-        return max(fixed, min(REORDER_POINT_MAX, REORDER_SAFETY * drift))
 
-    def step_band(step: int) -> float:
-        return widened(reorder_band(step, cal.scale), cal.step_drift[step] if step < len(cal.step_drift) else 0.0)
-    end = reorder_band(len(base.losses), cal.scale)
-    return [*_trajectories(base, cand, step_band, step_band),
-            _probe_rel_l2(base, cand, lambda key: widened(end, cal.end_drift.get(_probe_point(key), 0.0))),
-            *_param_norms(base, cand, lambda k: widened(end, cal.end_drift.get(_norm_point(k), 0.0)))]
+def _step_drift(a: NumericsData, b: NumericsData) -> Iterator[tuple[float, str]]:
+    """Per step, the largest relative difference of the loss and the grad norms, and where it is."""
+    for i, (x, y, gx, gy) in enumerate(zip(a.losses, b.losses, a.grad_norms, b.grad_norms)):
+        yield max([(_rel(x, y), f"loss at step {i}")]
+                  + [(_rel(gx[k], gy[k]), f"grad norm of {k} at step {i}") for k in gx])
 
 
 def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
@@ -289,10 +304,7 @@ def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> R
     drift, at most ``REORDER_POINT_MAX``, and only there. A workload that reproduces itself to within
     the band keeps scale 1 and no widened point.
     """
-    step_worst = [max([(_rel(x, y), f"loss at step {i}")] + [(_rel(gx[k], gy[k]), f"grad norm of {k} at step {i}")
-                                                              for k in gx])
-                  for i, (x, y, gx, gy) in enumerate(zip(deterministic.losses, reordered.losses,
-                                                         deterministic.grad_norms, reordered.grad_norms))]
+    step_worst = list(_step_drift(deterministic, reordered))
     step_drift = [drift for drift, _ in step_worst]
     end_drift = {_probe_point(key): _probe_error(deterministic, reordered, key) for key in deterministic.probe}
     norms_a, norms_b = deterministic.digest.get("norms") or {}, reordered.digest.get("norms") or {}
@@ -304,8 +316,9 @@ def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> R
     scale = min(REORDER_MAX_SCALE, max(1.0, REORDER_SAFETY * ratio))
     calibration = ReorderCalibration(scale=scale, worst=ratio, quantity=where, step_drift=step_drift,
                                      end_drift=end_drift)
-    points = [f"step {i}" for i, d in enumerate(step_drift) if REORDER_SAFETY * d > reorder_band(i, scale)]
-    points += [w for w, d in end_drift.items() if REORDER_SAFETY * d > reorder_band(len(step_drift), scale)]
+    steps = len(step_drift)
+    points = [f"step {i}" for i in range(steps) if calibration.step_band(i) > reorder_band(i, scale)]
+    points += [w for w in end_drift if calibration.end_band(w, steps) > reorder_band(steps, scale)]
     detail = (f"the baseline against itself with float association free drifts by at most {ratio:.2g} of the "
               f"reorder band ({where}), so its bands are x{scale:.2f}")
     if points:
