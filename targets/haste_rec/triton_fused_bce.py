@@ -12,16 +12,17 @@ Contract (``tail_fused_bce_triton``, same positional arguments as the torch refe
 - col_weight fp32 [K, G] or None: a per-column loss weight (the trainer's padding columns are 0).
 - rows, cols int64 [P]: the positives, (batch row, tail column k*G + g); a repeated pair counts once,
   a column outside [0, K*G) is ignored (the trainer passes the head's positives too), as is a row outside [0, B).
-  ``positives_format`` picks how the kernel gets them (a prebuilt ``positives`` of that format is used as is;
-  "auto", the default, is "bits" for G <= 64 and "list" above): "list": regrouped by group (``tail_positives``, a stable argsort:
-  deterministic) so a program finds its group's few positives (B*labels/K ~ 0.06 per group at 670K labels)
-  in a short loop instead of reading a B x K*G target mask (171 MB as bytes); but that loop's dynamic
-  bounds sit inside the batch loop, and the regrouping is several launches per call. "bits" (G <= 64):
+  ``positives_format`` picks how the kernel gets them (a prebuilt ``positives`` of that format is used as
+  is; "auto", the default, is "bits" for G <= 64 and "list" above: ``resolve_positives_format``).
+  "list": regrouped by group (``tail_positives``, a stable argsort: deterministic) so a program finds
+  its group's few positives (B*labels/K ~ 0.06 per group at 670K labels) in a short loop instead of
+  reading a B x K*G target mask (171 MB as bytes); but that loop's dynamic bounds sit inside the batch
+  loop, and the regrouping is several launches per call. "bits" (G <= 64):
   a [K, B] bitmask, bit g of [k, b] set iff (b, k*G + g) is a positive (``tail_positive_bits``: one
   launch of atomic ORs into a zeroed tensor, no sort, no sync), so a chunk's targets are one [BLOCK_B]
   load and a shift, with no loop. Both give the same results. Compiled for sm_90, the bits kernel's batch
   loop is software-pipelined (cp.async of the words) and the list kernel's is not. On the H200 (bf16, B=256,
-  F=64) bits took 1.45 ms against 1.98 at L=670K, G=32, and was faster at every measured G and L.
+  F=64) bits took 1.45 ms against 1.89 at L=670K, G=32, and was faster at every measured G and L.
 - scale: float, the loss's factor (1/B for the trainer's sum over labels, mean over the batch).
 
 Returns (loss fp32 0-dim, dh [B, Ht], dw, dbias or None), with
@@ -89,6 +90,16 @@ def tail_positives(rows: torch.Tensor, cols: torch.Tensor, groups: int, size: in
     ptr[1:] = torch.bincount(group, minlength=groups + 1)[:groups].cumsum(0)
     return TailPositives(rows[order].to(torch.int32), (cols - group * size)[order].to(torch.int32),
                          ptr.to(torch.int32))
+
+
+def resolve_positives_format(positives_format: str, size: int) -> str:
+    """The format the kernel reads for groups of ``size`` labels: "auto" is "bits" where a word holds a
+    group (G <= 64, the faster format on the H200), else "list"."""
+    if positives_format == "auto":
+        return "bits" if size <= MAX_BITS_SIZE else "list"
+    if positives_format not in POSITIVE_FORMATS:
+        raise ValueError(f"positives_format must be one of {POSITIVE_FORMATS}, got {positives_format!r}")
+    return positives_format
 
 
 def positive_bits_dtype(size: int) -> torch.dtype:
@@ -227,16 +238,13 @@ def _kernel_positives(positives_format: str, positives: TailPositives | torch.Te
                       ) -> tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The format the kernel reads ("auto" resolved) and its (rows, cols, group_ptr, bits) operands: the
     format's own, built when not given, and placeholders the kernel never reads for the other format's."""
-    if positives_format == "auto":
-        positives_format = "bits" if size <= MAX_BITS_SIZE else "list"
+    positives_format = resolve_positives_format(positives_format, size)
     if positives_format == "list":
         if positives is None:
             positives = tail_positives(rows, cols, groups, size)
         elif not isinstance(positives, TailPositives):
             raise ValueError(f"positives_format='list' takes TailPositives, got {type(positives).__name__}")
         return positives_format, (positives.rows, positives.cols, positives.group_ptr, positives.group_ptr)
-    if positives_format != "bits":
-        raise ValueError(f"positives_format must be one of {POSITIVE_FORMATS}, got {positives_format!r}")
     dtype = positive_bits_dtype(size)
     if positives is None:
         positives = tail_positive_bits(rows, cols, groups, size, batch)
@@ -271,7 +279,8 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     if col_weight is not None:
         check_operand(col_weight, (K, G), h, "col_weight", any_float=True)
     BLOCK_G, BLOCK_F = check_tiles(G, F)
-    positives_format, (prows, pcols, gptr, bits) = _kernel_positives(positives_format, positives, rows, cols, K, G, B, h.device)
+    positives_format, (prows, pcols, gptr, bits) = _kernel_positives(positives_format, positives, rows, cols,
+                                                                      K, G, B, h.device)
     csr = slot_csr(idx, Ht) if csr is None else csr
 
     loss_part = torch.empty(K, dtype=torch.float32, device=h.device)
@@ -307,6 +316,6 @@ def tail_fused_bce_traffic(shape: Mapping[str, int], dtype: torch.dtype, positiv
     minimum = tail_fused_bce_cost(shape, dtype)
     B, Ht, K, G, F = (shape[k] for k in ("B", "Ht", "K", "G", "F"))
     extra = 2 * dtype.itemsize * B * K * F + 4 * (2 * K * F + Ht + 1) + 4 * K
-    if positives_format == "bits" or (positives_format == "auto" and G <= MAX_BITS_SIZE):
+    if resolve_positives_format(positives_format, G) == "bits":
         extra += 2 * positive_bits_dtype(G).itemsize * K * B
     return FlopsBytes(minimum.flops, minimum.bytes + extra)

@@ -25,8 +25,8 @@ contiguous run of BLOCK_B rows; the kernels only see strides, so any layout stay
 
 Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` by
 default, so results match fp32 references (no TF32); ``TailKernelConfig.fp32_precision`` (the knob
-matmul_precision="high": "tf32") lets them use the tensor cores at TF32's 10-bit mantissa. Both kernels are deterministic: every output element is
-written by one program, summed in a fixed order.
+matmul_precision="high": "tf32") lets them use the tensor cores at TF32's 10-bit mantissa. Both
+kernels are deterministic: every output element is written by one program, summed in a fixed order.
 
 FLOP/byte model: the minimum traffic and work are ``tail_slots.tail_forward_cost`` and
 ``tail_slots.tail_backward_weight_cost``. What these kernels move on top: the gather of h is
@@ -75,7 +75,7 @@ class TailKernelConfig:
     [BLOCK_B, 2G] tile, for wider row segments of z (see the module docstring). Exact: the same
     products in the same order, so "auto" may pick it by shape: 2 for G <= 16, 1 above. On the H200
     (bf16, B=256, F=64) 2 groups took 0.252 ms against 0.281 at G=16 (1.002 against 1.169 at 2.8M
-    labels) but 0.205 against 0.183 at G=32 and 0.650 against 0.577 at G=64.
+    labels) but 0.205 against 0.183 at G=32 and 0.162 against 0.146 at G=64.
 
     fp32_precision: ``tl.dot``'s input precision for fp32 operands (``FP32_PRECISIONS``): "ieee" keeps exact
     fp32 products on the CUDA cores; "tf32" and "tf32x3" use the tensor cores (a precision change, the
@@ -83,8 +83,9 @@ class TailKernelConfig:
 
     ``resolve(..., fused_16bit=True)`` is the fused loss kernel's rule for bf16/fp16 inputs: it holds the
     forward tile, the loss, dz, a dW accumulator and the dX tile at once, and ran fastest with half the
-    forward's auto BLOCK_B (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64). In fp32 the
-    forward's rule stands (7.45 ms at 64 against 8.13 at 32; ``benchmarks.fused_bce_sweep``).
+    forward's auto BLOCK_B (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64). In fp32
+    the forward's rule stands (7.48 ms at 64 against 8.23 at 32, both at 4 warps and 3 stages;
+    ``benchmarks.fused_bce_sweep``).
     """
 
     block_b: int | str = AUTO
@@ -93,8 +94,16 @@ class TailKernelConfig:
     groups_per_program: int | str = AUTO
     fp32_precision: str = "ieee"
 
+    def __post_init__(self) -> None:
+        """The fields no shape rule reads are checked once, here, not at every launch."""
+        if self.groups_per_program not in (1, 2, AUTO):
+            raise ValueError(f"groups_per_program must be 1, 2 or {AUTO!r}, got {self.groups_per_program!r}")
+        if self.fp32_precision not in FP32_PRECISIONS:
+            raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {self.fp32_precision!r}")
+
     def resolve(self, batch: int, size: int, fan_in: int, *, fused_16bit: bool = False) -> tuple[int, int, int]:
-        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_16bit``: for the fused loss kernel on 16-bit inputs."""
+        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_16bit``: for the fused loss kernel on
+        16-bit inputs."""
         tile = _pad(size) * _pad(fan_in)
         auto_block_b = 64 if tile <= 64 * 64 else 32
         if fused_16bit:
@@ -107,16 +116,11 @@ class TailKernelConfig:
     def dot_precision(self, dtype: torch.dtype) -> str:
         """The kernels' ``tl.dot`` input precision for inputs of ``dtype``: fp32_precision for fp32 (the
         knob matmul_precision: "highest" keeps "ieee"), Triton's default for 16-bit inputs, which ignore it."""
-        if self.fp32_precision not in FP32_PRECISIONS:
-            raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {self.fp32_precision!r}")
         return self.fp32_precision if dtype == torch.float32 else "tf32"
 
     def resolve_groups_per_program(self, size: int) -> int:
         """GROUPS_PER_PROGRAM of the forward kernel for groups of ``size`` labels: 1 or 2."""
-        groups = (2 if size <= 16 else 1) if self.groups_per_program == AUTO else int(self.groups_per_program)
-        if groups not in (1, 2):
-            raise ValueError(f"groups_per_program must be 1, 2 or {AUTO!r}, got {self.groups_per_program!r}")
-        return groups
+        return (2 if size <= 16 else 1) if self.groups_per_program == AUTO else self.groups_per_program
 
 
 DEFAULT_CONFIG = TailKernelConfig()
