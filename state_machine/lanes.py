@@ -10,11 +10,11 @@ validated at once but timed one at a time (``state_machine.batch``).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from state_machine.state import Lane, RunState
+from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
 
@@ -30,8 +30,8 @@ def plan_lanes(gpus: int, ranks: int, cpus: list[int] | None = None) -> list[Lan
     """``lane_count`` lanes of ``ranks`` consecutive GPUs each, the allowed CPUs split evenly between them
     (None where CPU affinity is unsupported); one lane of all GPUs when only one fits."""
     count = lane_count(gpus, ranks)
-    if cpus is None and hasattr(os, "sched_getaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))
+    if cpus is None:
+        cpus = allowed_cpus()
     share = len(cpus) // count if cpus else 0
     return [Lane(index=i, gpus=list(range(i * ranks, (i + 1) * ranks)),
                  cpus=cpus[i * share:(i + 1) * share] if share else None) for i in range(count)]

@@ -34,8 +34,8 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from targets.ranks import RankContext, join, leave
-from targets.worker import allowed_cpus, default_threads, failure_of, measure, write_result
-from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT
+from targets.worker import default_threads, failure_of, measure, write_result
+from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT, cpu_count
 from targets.worker_protocol import BenchData, Failure, WorkerRequest, WorkerResult
 
 Q = TypeVar("Q", bound=WorkerRequest)
@@ -66,7 +66,7 @@ def rank_threads(req: WorkerRequest) -> int:
     process.)"""
     if req.threads:
         return req.threads
-    return default_threads(req.device, allowed_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return default_threads(req.device, cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def join_job(req: WorkerRequest) -> RankContext:

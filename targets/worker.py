@@ -24,6 +24,7 @@ import torch
 from targets.protocol import ConfigError, Session, Target
 from targets.ranks import RankContext, inject_fault
 from targets.registry import resolve_target
+from targets.worker_client import cpu_count
 from targets.worker_protocol import (BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
                                      WorkerResult)
 
@@ -161,11 +162,6 @@ def resolve_device(name: str) -> torch.device:
 CUDA_HOST_THREADS = 16  # the most CPU threads a GPU run's worker takes unless its request names a count
 
 
-def allowed_cpus() -> int:
-    """The CPUs this process may run on (a lane's share when pinned)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def default_threads(device: str, cpus: int) -> int:
     """CPU threads of a GPU worker (or of a rank) whose request leaves the count open, given its CPUs.
 
@@ -185,7 +181,7 @@ def open_device(req: WorkerRequest) -> torch.device:
     if req.threads:
         torch.set_num_threads(req.threads)
     elif req.device != "cpu":
-        torch.set_num_threads(default_threads(req.device, allowed_cpus()))
+        torch.set_num_threads(default_threads(req.device, cpu_count()))
     return resolve_device(req.device)
 
 

@@ -20,6 +20,18 @@ from pydantic import BaseModel
 
 from targets.worker_protocol import Failure, WorkerRequest, WorkerResult
 
+
+def allowed_cpus() -> list[int] | None:
+    """The CPUs this process may run on, sorted (a lane's share when it is pinned); None where the OS
+    cannot say. The one place workers, ranks, lanes and the A/B runner read their CPU set from."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def cpu_count() -> int:
+    """How many CPUs this process may run on."""
+    cpus = allowed_cpus()
+    return len(cpus) if cpus else (os.cpu_count() or 1)
+
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.IGNORECASE)
 R = TypeVar("R", bound=BaseModel)
 SECRET_PREFIXES = ("OPENAI", "ANTHROPIC", "AZURE", "AWS_", "GOOGLE_", "HF_", "HUGGING")

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence, get_args
 
-from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, device_env, exit_reason, kill_tree, scrubbed_env, torchrun
+from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, device_env, exit_reason, kill_tree,
+                                   scrubbed_env, torchrun)
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 QUIT_GRACE_S = 10.0
@@ -40,9 +41,9 @@ def shared_cpus(a: WorkerRequest, b: WorkerRequest) -> list[int] | None:
     """The CPU set both sides run on: the last ``threads`` allowed CPUs (CPU 0 takes most interrupts),
     all allowed CPUs when a spec leaves the thread count to torch, None where affinity is unsupported.
     A request's own ``cpus`` (an agent's evaluation lane) are the allowed ones."""
-    if not hasattr(os, "sched_getaffinity"):
+    allowed = sorted(a.cpus) if a.cpus else allowed_cpus()  # a lane's CPUs (--gpus), or all
+    if allowed is None:
         return None
-    allowed = sorted(a.cpus) if a.cpus else sorted(os.sched_getaffinity(0))  # a lane's CPUs (--gpus), or all
     wanted = max(a.threads, b.threads) if a.threads and b.threads else len(allowed)
     return allowed[-min(wanted, len(allowed)):]
 

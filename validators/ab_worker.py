@@ -39,6 +39,7 @@ from targets.protocol import ConfigError, Session
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
 from targets.worker import build_session as build_target_session, open_device, sync_device, time_steps
+from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
 
@@ -109,7 +110,7 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     for _ in range(req.warmup):
         session.step()
     sync_device(device)
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cpus = allowed_cpus()
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
                     "cpus": cpus})
