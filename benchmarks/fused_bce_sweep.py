@@ -1,11 +1,13 @@
 """The fused loss kernel's meta-parameter sweep: each positives format at each (BLOCK_B, warps, stages),
-in fp32 (at each fp32 dot precision asked for: ieee, tf32, tf32x3) and bf16, at the paper's main shape (B=256, Ht=768, L=670,080, F=64, G=32).
+in fp32 (at each fp32 dot precision asked for: ieee, tf32, tf32x3) and bf16, at the paper's main shape
+(B=256, Ht=768, L=670,080, F=64, G=32).
 
 Why a sweep of its own: the fused kernel holds more live tiles than the other tail kernels, so its best
-BLOCK_B differs by dtype (the trainer runs it in fp32 unless bf16 autocast passes validation), and
-``benchmarks.kernels --tune`` stops at the first config that runs out of shared memory; here such a
-config is recorded as that error and the sweep goes on. This is the data behind the "auto" rules of
-``triton_tail.TailKernelConfig.resolve(fused_16bit=...)`` and ``triton_fused_bce``'s positives format.
+BLOCK_B differs by dtype (the trainer runs it in fp32 unless bf16 autocast passes validation).
+``benchmarks.kernels --tune`` times every tail kernel at each point; this times only the fused one, at
+each positives format and fp32 dot precision (a config that runs out of shared memory is recorded by its
+error). It is the data behind the "auto" rules of ``triton_tail.TailKernelConfig.resolve(fused_16bit=...)``
+and ``triton_fused_bce.resolve_positives_format``.
 
 Usage (CUDA): python -m benchmarks.fused_bce_sweep --out sweep.json [--dtypes float32 --precisions ieee tf32 --quick]
        (CPU, tiny shape on Triton's interpreter): python -m benchmarks.fused_bce_sweep --smoke --out sweep.json
@@ -15,9 +17,9 @@ Prints one line per (dtype, block_b, warps, stages): the median ms of each forma
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
-import statistics
 import sys
 
 import torch
@@ -33,7 +35,7 @@ def sweep(shape: dict, dtypes: tuple[torch.dtype, ...], grid: tuple, device: tor
           precisions: tuple[str, ...] = ("ieee",)) -> list[dict]:
     """One row per (dtype, fp32 dot precision, block_b, num_warps, num_stages) with each format's median ms,
     or the error's name; 16-bit dtypes ignore the precision, so they get one row per config."""
-    from benchmarks.kernels import _tail_inputs, _times_ms
+    from benchmarks.kernels import _median_or_error, _tail_inputs
     from profilers.fine import _flush_buffer
     from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
     from targets.haste_rec.triton_tail import TailKernelConfig
@@ -49,13 +51,9 @@ def sweep(shape: dict, dtypes: tuple[torch.dtype, ...], grid: tuple, device: tor
             row = {"dtype": str(dtype).replace("torch.", ""), "precision": config.dot_precision(dtype),
                    "block_b": block_b, "num_warps": warps, "num_stages": stages}
             for fmt in FORMATS:
-                def call(fmt=fmt):
-                    return tail_fused_bce_triton(h, idx, w, bias, None, pos_rows, pos_cols, 1 / shape["B"], csr=csr,
-                                                 config=config, positives_format=fmt)
-                try:
-                    row[fmt] = statistics.median(_times_ms(call, device, 2, repeats, flush))
-                except Exception as err:  # a config the GPU cannot hold (e.g. out of shared memory) is a result
-                    row[fmt] = type(err).__name__
+                call = functools.partial(tail_fused_bce_triton, h, idx, w, bias, None, pos_rows, pos_cols,
+                                         1 / shape["B"], csr=csr, config=config, positives_format=fmt)
+                row[fmt] = _median_or_error(call, device, 2, repeats, flush)
             rows.append(row)
             print(" ".join(str(v if not isinstance(v, float) else f"{v:.3f}") for v in row.values()), flush=True)
     return rows
