@@ -6,7 +6,7 @@ Why a sweep of its own: the fused kernel holds more live tiles than the other ta
 BLOCK_B differs by dtype (the trainer runs it in fp32 unless bf16 autocast passes validation).
 ``benchmarks.kernels --tune`` times every tail kernel at each point; this times only the fused one, at
 each positives format and fp32 dot precision (a config that runs out of shared memory is recorded by its
-error). It is the data behind the "auto" rules of ``triton_tail.TailKernelConfig.resolve(fused_16bit=...)``
+error). It is the data behind the "auto" rules of ``triton_tail.TailKernelConfig.resolve(fused_dtype=...)``
 and ``triton_fused_bce.resolve_positives_format``.
 
 Usage (CUDA): python -m benchmarks.fused_bce_sweep --out sweep.json [--dtypes float32 --precisions ieee tf32 --quick]

@@ -38,10 +38,12 @@ Meta-parameters (``EmbeddingKernelConfig``; the knobs embedding_tile_elements, e
 embedding_num_stages): ``tile_elements`` (the fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D]
 tile), ``num_warps`` and ``num_stages``, each an int or "auto". "auto" resolves by a fixed rule of the
 shape (``resolve_gather_sum``, ``resolve_update``), never by timing, so a config gives the same bits on
-every run; the default config launches exactly what these kernels launched before they were knobs (a
-4096-element tile, 4 warps for the gather-sum, 4 or 8 for the update by tile size, Triton's default
-stages). The tile sets BLOCK_N, the positions a gather-sum program adds per step, hence the pooled sum's
-and the hot-row partials' association (numerics "reorder"; BLOCK_R, the update's rows per program, does
+every run. The default is the sweep's best on the H200 (``benchmarks/embedding_kernels.py --tune``, 26 x
+1M x 128, docs/results/2026-11-30-h200-kernels): a 1024-element tile and warps by the launch's tile (2 up
+to 1024 elements, 4 up to 4096, else 8), Triton's default stages. It took the pooled forward from 0.844
+to 0.551 ms and the fused update from 3.79 to 3.34 ms against the 4096-element tile with 4 warps
+(gather-sum) and 4 or 8 (update) that the kernels launched before they were knobs. The tile sets BLOCK_N,
+the positions a gather-sum program adds per step, hence the pooled sum's and the hot-row partials' association (numerics "reorder"; BLOCK_R, the update's rows per program, does
 not change a row's sum); num_warps sets how ``tl.sum`` splits its reductions over lanes and warps
 ("reorder"); num_stages only changes how far the position and occurrence loops prefetch ("exact").
 
@@ -75,7 +77,7 @@ import triton.language as tl
 
 MAX_ROW = 8192          # widest row the update kernel holds in one program
 AUTO = "auto"
-TILE_ELEMENTS = 4096    # auto: fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D] tile
+TILE_ELEMENTS = 1024    # auto: fp32 elements of one program's [BLOCK_N or BLOCK_R, BLOCK_D] tile
 TILE_RANGE = (16, 16384)  # the tile_elements a config may set (powers of two)
 MAX_BLOCK_R = 16        # most rows one update program holds (its occurrence loop runs to their longest segment)
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -109,8 +111,8 @@ class EmbeddingKernelConfig:
     and BLOCK_N = the expected segment length's next power of two capped by the tile's remaining rows;
     the update holds whole rows (BLOCK_D = next power of two of D) and BLOCK_R = tile / BLOCK_D rows,
     1 to ``MAX_BLOCK_R``.
-    num_warps: one of ``WARPS`` (auto: 4 for the gather-sum; 4 for an update tile of at most 2048
-    elements, else 8). num_stages: 1 to 8 (auto: Triton's default).
+    num_warps: one of ``WARPS`` (auto: ``auto_warps`` of the launch's tile, for both kernels). num_stages:
+    1 to 8 (auto: Triton's default).
     """
 
     tile_elements: int | str = AUTO
@@ -131,6 +133,13 @@ class EmbeddingKernelConfig:
     def tile(self) -> int:
         return TILE_ELEMENTS if self.tile_elements == AUTO else self.tile_elements
 
+    def _warps(self, elements: int) -> int:
+        """num_warps for a launch whose program holds ``elements`` fp32 values: the set value, or by size
+        (2 up to 1024, 4 up to 4096, else 8; the H200 sweep's best at 1024 and at 4096 elements)."""
+        if self.num_warps != AUTO:
+            return self.num_warps
+        return 2 if elements <= 1024 else 4 if elements <= 4096 else 8
+
     def _stages(self) -> int | None:
         return None if self.num_stages == AUTO else self.num_stages
 
@@ -139,15 +148,13 @@ class EmbeddingKernelConfig:
         a whole row when it fits the tile, at most ``tile`` elements in all."""
         block_d = min(triton.next_power_of_2(max(D, 1)), self.tile)
         block_n = max(1, min(triton.next_power_of_2(max(segment_len, 1)), self.tile // block_d))
-        warps = 4 if self.num_warps == AUTO else self.num_warps
-        return Launch(block_n, block_d, warps, self._stages())
+        return Launch(block_n, block_d, self._warps(block_n * block_d), self._stages())
 
     def resolve_update(self, D: int, block_r: int | None = None) -> Launch:
         """``_rowwise_adagrad_kernel``'s launch for rows of D elements (``block_r``: rows per program, if given)."""
         block_d = triton.next_power_of_2(max(D, 1))
         block_r = block_r or max(1, min(MAX_BLOCK_R, self.tile // block_d))
-        warps = (4 if block_r * block_d <= 2048 else 8) if self.num_warps == AUTO else self.num_warps
-        return Launch(block_r, block_d, warps, self._stages())
+        return Launch(block_r, block_d, self._warps(block_r * block_d), self._stages())
 
 
 DEFAULT_EMBEDDING_CONFIG = EmbeddingKernelConfig()

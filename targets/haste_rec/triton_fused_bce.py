@@ -293,7 +293,7 @@ def tail_fused_bce_triton(h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, b
     scratch = torch.empty((K * F, B), dtype=h.dtype, device=h.device)
     hc = column_major(h)
     logits_dtype = h.dtype if bias is None else torch.promote_types(h.dtype, bias.dtype)
-    block_b, num_warps, num_stages = config.resolve(B, G, F, fused_16bit=h.dtype != torch.float32)
+    block_b, num_warps, num_stages = config.resolve(B, G, F, fused_dtype=h.dtype)
     _tail_fused_bce_kernel[(K,)](
         hc, idx.contiguous(), w.contiguous(), w if bias is None else bias.contiguous(),
         w if col_weight is None else col_weight.float().contiguous(),

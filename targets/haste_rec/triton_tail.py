@@ -81,11 +81,12 @@ class TailKernelConfig:
     fp32 products on the CUDA cores; "tf32" and "tf32x3" use the tensor cores (a precision change, the
     knob matmul_precision's business, never a default).
 
-    ``resolve(..., fused_16bit=True)`` is the fused loss kernel's rule for bf16/fp16 inputs: it holds the
-    forward tile, the loss, dz, a dW accumulator and the dX tile at once, and ran fastest with half the
-    forward's auto BLOCK_B (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64). In fp32
-    the forward's rule stands (7.48 ms at 64 against 8.23 at 32, both at 4 warps and 3 stages;
-    ``benchmarks.fused_bce_sweep``).
+    ``resolve(..., fused_dtype=dtype)`` is the fused loss kernel's rule: it holds the forward tile, the
+    loss, dz, a dW accumulator and the dX tile at once. When its ``tl.dot`` runs on the tensor cores in
+    one pass (bf16/fp16 inputs, or fp32 at "tf32") it ran fastest with half the forward's auto BLOCK_B
+    (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64; fp32 at tf32: 1.92 against 2.45).
+    Exact fp32 ("ieee", 7.45 ms at 64 against 8.23 at 32) and "tf32x3" (2.95 against 3.21) keep the
+    forward's rule (``benchmarks.fused_bce_sweep``, docs/results/2026-11-30-h200-kernels).
     """
 
     block_b: int | str = AUTO
@@ -101,12 +102,13 @@ class TailKernelConfig:
         if self.fp32_precision not in FP32_PRECISIONS:
             raise ValueError(f"fp32_precision must be one of {FP32_PRECISIONS}, got {self.fp32_precision!r}")
 
-    def resolve(self, batch: int, size: int, fan_in: int, *, fused_16bit: bool = False) -> tuple[int, int, int]:
-        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_16bit``: for the fused loss kernel on
-        16-bit inputs."""
+    def resolve(self, batch: int, size: int, fan_in: int, *,
+                fused_dtype: torch.dtype | None = None) -> tuple[int, int, int]:
+        """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_dtype``: the inputs' dtype when the launch is
+        the fused loss kernel's."""
         tile = _pad(size) * _pad(fan_in)
         auto_block_b = 64 if tile <= 64 * 64 else 32
-        if fused_16bit:
+        if fused_dtype is not None and self.dot_precision(fused_dtype) == "tf32":  # one tensor-core pass
             auto_block_b //= 2
         block_b = auto_block_b if self.block_b == AUTO else int(self.block_b)
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)

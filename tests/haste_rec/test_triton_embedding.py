@@ -173,21 +173,22 @@ def test_shape_contract() -> None:
 # ----------------------------------------------------------------------------- meta-parameters (EmbeddingKernelConfig)
 
 KC = te.EmbeddingKernelConfig
-TODAY = KC(tile_elements=4096, num_warps=4, num_stages=3)  # the launch before the knobs (3: CUDA's default stages)
-OTHER_CONFIGS = [KC(tile_elements=1024, num_warps=2), KC(tile_elements=8192, num_warps=8, num_stages=2),
+SWEPT = KC(tile_elements=1024, num_warps=2)  # the H200 sweep's best at 26 x 1M x 128
+OTHER_CONFIGS = [KC(tile_elements=4096, num_warps=4, num_stages=3),  # the launch before the knobs
+                 KC(tile_elements=8192, num_warps=8, num_stages=2),
                  KC(tile_elements=64, num_stages=1)]  # 64: D=70 rows split over two column programs
 
 
-def test_default_config_is_bitwise_the_fixed_launch() -> None:
-    """The default config launches what the kernels launched before they had a config: same bits."""
+def test_default_config_is_bitwise_the_swept_launch() -> None:
+    """The default config launches the sweep's best (1024-element tile, 2 warps) where those are its rules: same bits."""
     for shape in SHAPES[:3]:
         ids, offsets, weights, rows = _inputs(pool_forward_inputs, shape, torch.float32)
         assert torch.equal(te.embedding_pool_forward(ids, offsets, weights, rows),
-                           te.embedding_pool_forward(ids, offsets, weights, rows, config=TODAY))
-    for shape in SHAPES[:2]:  # D <= 128: the update's auto warps are 4 there
+                           te.embedding_pool_forward(ids, offsets, weights, rows, config=SWEPT))
+    for shape in SHAPES[:2]:  # D <= 128: the update's auto warps are 2 there
         inputs = _inputs(fused_update_inputs, shape, torch.float32)
         assert torch.equal(te.embedding_fused_update(*inputs, chunk=4),
-                           te.embedding_fused_update(*inputs, chunk=4, config=TODAY))
+                           te.embedding_fused_update(*inputs, chunk=4, config=SWEPT))
 
 
 @pytest.mark.parametrize("config", OTHER_CONFIGS, ids=lambda c: f"tile{c.tile_elements}_w{c.num_warps}_s{c.num_stages}")
@@ -206,20 +207,22 @@ def test_other_configs_stay_in_the_reorder_band(config) -> None:
 
 
 def test_resolve_is_a_fixed_rule_of_the_shape() -> None:
-    auto, small, big = te.DEFAULT_EMBEDDING_CONFIG, KC(tile_elements=1024), KC(8192, 8, 2)
+    auto, wide, big = te.DEFAULT_EMBEDDING_CONFIG, KC(tile_elements=4096), KC(8192, 8, 2)
     Launch = te.Launch
     # gather-sum: (BLOCK_N, BLOCK_D, warps, stages); a whole row up to the tile, BLOCK_N = the segment's power of two
-    assert auto.resolve_gather_sum(128, 20) == Launch(32, 128, 4, None)
-    assert auto.resolve_gather_sum(13, 5) == Launch(8, 16, 4, None)
-    assert auto.resolve_gather_sum(8192, 20) == Launch(1, 4096, 4, None)
-    assert small.resolve_gather_sum(128, 20) == Launch(8, 128, 4, None)
+    assert auto.resolve_gather_sum(128, 20) == Launch(8, 128, 2, None)      # the H200 sweep's best at 26 x 1M x 128
+    assert auto.resolve_gather_sum(13, 5) == Launch(8, 16, 2, None)
+    assert auto.resolve_gather_sum(8192, 20) == Launch(1, 1024, 2, None)
+    assert wide.resolve_gather_sum(128, 20) == Launch(32, 128, 4, None)     # what the kernels launched before knobs
     assert big.resolve_gather_sum(128, 100) == Launch(64, 128, 8, 2)
-    # update: (BLOCK_R, BLOCK_D, warps, stages); whole rows, BLOCK_R = tile / BLOCK_D in [1, 16], 8 warps over 2048
-    assert auto.resolve_update(128) == Launch(16, 128, 4, None)
-    assert auto.resolve_update(256) == Launch(16, 256, 8, None)
+    # update: (BLOCK_R, BLOCK_D, warps, stages); whole rows, BLOCK_R = tile / BLOCK_D in [1, 16]; warps by tile size
+    assert auto.resolve_update(128) == Launch(8, 128, 2, None)
+    assert auto.resolve_update(256) == Launch(4, 256, 2, None)
     assert auto.resolve_update(4100) == Launch(1, 8192, 8, None)
-    assert auto.resolve_update(128, block_r=2) == Launch(2, 128, 4, None)
-    assert small.resolve_update(128) == Launch(8, 128, 4, None)
+    assert auto.resolve_update(128, block_r=2) == Launch(2, 128, 2, None)
+    assert wide.resolve_update(128) == Launch(16, 128, 4, None)
+    assert wide.resolve_update(512) == Launch(8, 512, 4, None)
+    assert KC(tile_elements=8192).resolve_update(512) == Launch(16, 512, 8, None)
     assert big.resolve_update(70) == Launch(16, 128, 8, 2)
     assert Launch(8, 128, 4, None).options() == {"num_warps": 4}
     assert Launch(8, 128, 4, 2).options() == {"num_warps": 4, "num_stages": 2}

@@ -220,9 +220,12 @@ def test_config_resolution_is_a_fixed_rule() -> None:
     assert TailKernelConfig().resolve(256, 64, 128) == (32, 8, 3)
     assert TailKernelConfig().resolve(5, 7, 13) == (16, 4, 3)      # a batch of 5 needs one 16-row tile
     assert TailKernelConfig(block_b=128, num_warps=2, num_stages=1).resolve(100, 8, 8) == (128, 2, 1)
-    assert TailKernelConfig().resolve(256, 32, 64, fused_16bit=True) == (32, 4, 3)  # fused loss, bf16: half the rows
-    assert TailKernelConfig().resolve(256, 64, 128, fused_16bit=True) == (16, 8, 3)
-    assert TailKernelConfig(block_b=64).resolve(256, 32, 64, fused_16bit=True) == (64, 4, 3)  # a set value stands
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert TailKernelConfig().resolve(256, 32, 64, fused_dtype=bf16) == (32, 4, 3)  # fused loss, bf16: half the rows
+    assert TailKernelConfig().resolve(256, 64, 128, fused_dtype=bf16) == (16, 8, 3)
+    assert TailKernelConfig(block_b=64).resolve(256, 32, 64, fused_dtype=bf16) == (64, 4, 3)  # a set value stands
+    assert [TailKernelConfig(fp32_precision=p).resolve(256, 32, 64, fused_dtype=fp32)[0]
+            for p in ("ieee", "tf32", "tf32x3")] == [64, 32, 64]          # one tensor-core pass halves it
     assert [TailKernelConfig(groups_per_program=g).resolve_groups_per_program(32) for g in (1, 2, "auto")] == [1, 2, 1]
     assert [TailKernelConfig().resolve_groups_per_program(g) for g in (8, 16, 17, 64)] == [2, 2, 1, 1]
     with pytest.raises(ValueError, match="groups_per_program"):
