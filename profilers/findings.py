@@ -21,6 +21,10 @@ BENCHMARKS.md):
   the gathered tile still materialised); 1.3 with triton or triton-fused-loss (already a gather-GEMM
   kernel, only its meta-parameters left: tail_block_b=64 made the step 0.891x as long at size large
   on an H200).
+- fp32-products (tail phase, Triton tail multiplying exact fp32: precision fp32, matmul_precision
+  highest, tail_fp32_dot ieee): 2.5; tl.dot on fp32 runs as CUDA-core FMAs, and the fused loss
+  kernel took 7.47 ms at size large's shape against 3.07 as three TF32 tensor-core products on an
+  H200. Only the precision rules answer it (no sweep): the tile knobs do not change how it multiplies.
 - loss (loss phase): 2; BCE with dense targets moves the logits' size about four times, a fused
   loss twice. 1.2 with tail_backend triton-fused-loss, whose tail kernel already computes the loss.
 - backward (backward phase): 3 while the tail differentiates through gather + einsum (tail_backend
@@ -133,6 +137,19 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
     return found
 
 
+def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
+    tail = coarse.phases.get("tail")
+    exact_fp32 = (knobs.get("tail_backend") in ("triton", "triton-fused-loss") and knobs.get("precision") == "fp32"
+                  and knobs.get("matmul_precision", "highest") == "highest" and knobs.get("tail_fp32_dot") == "ieee")
+    if not exact_fp32 or tail is None or tail.share < MIN_SHARE:
+        return []
+    room = Headroom(2.5, "tl.dot on fp32 runs as CUDA-core FMAs: the fused loss kernel took 7.47 ms at size large's "
+                         "shape against 3.07 as three TF32 tensor-core products (tail_fp32_dot) on an H200")
+    evidence = (f"the Triton tail multiplies exact fp32 on the CUDA cores; tail takes {tail.share:.1%} of the "
+                f"{_ms(coarse.step_s)} step.")
+    return [_finding("fp32-products", "tail", None, evidence, tail.share, room)]
+
+
 def _data_idle_share(coarse: CoarseProfile) -> float:
     """The share of the step the device sits idle while the host builds or waits for the next batch (the
     data phase's host time beyond its own device work): the data-wait finding's, not a launch gap."""
@@ -213,8 +230,8 @@ def _finding(category: str, phase: str | None, subject: str | None, evidence: st
 def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],
              knobs: Mapping[str, Any]) -> list[Finding]:
     """Every finding the profiles support, the largest Amdahl gain first."""
-    found = (_phase_findings(coarse, knobs) + _launch_finding(coarse) + _cache_finding(coarse, counters, knobs)
-             + _comm_finding(coarse))
+    found = (_phase_findings(coarse, knobs) + _fp32_products_finding(coarse, knobs) + _launch_finding(coarse)
+             + _cache_finding(coarse, counters, knobs) + _comm_finding(coarse))
     if fine is not None:
         found += [f for slot in fine.slots if (f := _kernel_finding(slot, coarse.step_s)) is not None]
     return sorted(found, key=lambda f: (-f.amdahl_gain, f.category, f.phase or "", f.subject or ""))

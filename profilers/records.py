@@ -19,7 +19,7 @@ PROFILE_SCHEMA_VERSION = 1
 
 FindingCategory = Literal["embedding-bound", "tail-gather-bound", "launch/host-bound", "data-wait", "optimizer",
                           "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss", "backward",
-                          "communication"]
+                          "communication", "fp32-products"]
 
 
 # ----------------------------------------------------------------------------- coarse

@@ -12,8 +12,12 @@ incumbent already went past: from the fused Triton tail, the autograd one is a s
 target, a generic fallback then sweeps the other values of the knobs whose category matches a
 finding (``CATEGORY_KNOBS``), at a low plausibility, so a user's own target is searched too.
 
-Learning within the run: a (knob, value) pair that was part of a rejected candidate is not
-proposed again, and no configuration is proposed twice.
+Learning within the run: a change that was rejected is not proposed again, nor any part of it (a
+rejected ``{a, b}`` rules out ``{a}``), but a larger change that holds it is: host tables with a fused
+update can be slower while the device cache with the same fused update is SparseGear's fast path. The
+sweep leaves out the values the incumbent went past: one an accepted change moved a knob away from (it
+measured slower right there), and one a rule would only propose from behind (from the fused Triton tail,
+neither the slots nor the unfused Triton tail). No configuration is proposed twice.
 """
 
 from __future__ import annotations
@@ -63,14 +67,20 @@ CATALOG: tuple[Rule, ...] = (
     Rule("triton-fused-loss", ("loss", "tail-gather-bound", "backward"), {"tail_backend": "triton-fused-loss"}, 0.85,
          "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",),
          requires={"tail_backend": ("torch", "slots", "triton")}),
-    Rule("bf16-autocast", ("tail-gather-bound", "backward", "compute-bound kernel", "memory-bound kernel", "loss"),
+    Rule("bf16-autocast", ("fp32-products", "tail-gather-bound", "backward", "compute-bound kernel",
+                           "memory-bound kernel", "loss"),
          {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
          devices=("cuda",)),
-    Rule("tf32-matmuls", ("tail-gather-bound", "backward", "compute-bound kernel", "loss"),
+    Rule("tf32-matmuls", ("fp32-products", "tail-gather-bound", "backward", "compute-bound kernel", "loss"),
          {"matmul_precision": "high"}, 0.6,
          "fp32 products on TF32 tensor cores (torch's matmuls and the Triton tail's tl.dot): a smaller precision "
          "step than bf16, inputs rounded to a 10-bit mantissa, fp32 everywhere else", devices=("cuda",),
          requires={"precision": ("fp32",)}),
+    Rule("tf32x3-tail", ("fp32-products",), {"tail_fp32_dot": "tf32x3"}, 0.8,
+         "the Triton tail's fp32 products as three TF32 tensor-core products instead of CUDA-core FMAs, held "
+         "to the reorder band", devices=("cuda",),
+         requires={"tail_backend": ("triton", "triton-fused-loss"), "precision": ("fp32",),
+                   "matmul_precision": ("highest",)}),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum",
          requires={"tail_backend": ("torch",)}),
@@ -94,6 +104,12 @@ DEVICE_ONLY: dict[tuple[str, str], tuple[str, ...]] = {
     (name, repr(value)): rule.devices for rule in CATALOG if set(rule.devices) != {"cpu", "cuda"}
     for name, value in rule.patch.items()}
 
+# (knob, value) -> the incumbent values a rule proposes it from (its ``requires`` on that knob): elsewhere a
+# sweep of that value would be a step back.
+STEPS_FORWARD: dict[tuple[str, str], tuple[Any, ...]] = {
+    (name, repr(value)): rule.requires[name] for rule in CATALOG for name, value in rule.patch.items()
+    if name in rule.requires}
+
 # Finding category -> knob categories the generic fallback sweeps for it. Launch gaps: compile only (tile
 # sizes cut no launches; optimizer_impl and embedding_backend are swept for their own phases' findings).
 CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
@@ -101,14 +117,21 @@ CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
     "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
     "launch/host-bound": ("compile",), "cache-misses": ("embedding",),
     "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
-    "communication": ("distributed",),
+    "communication": ("distributed",), "fp32-products": (),  # only the precision rules answer it
 }
 
 
-def _tried(state: RunState, space: KnobSpace) -> tuple[set[tuple[str, str]], list[dict[str, Any]]]:
-    """(knob, value) pairs of rejected candidates, and the resolved configs of every knob-only candidate
-    (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is skipped)."""
-    rejected = {(k, repr(v)) for e in state.history if not e.verdict.accepted for k, v in e.candidate.patch.items()}
+Pairs = frozenset[tuple[str, str]]
+
+
+def _pairs(patch: Mapping[str, Any]) -> Pairs:
+    return frozenset((k, repr(v)) for k, v in patch.items())
+
+
+def _tried(state: RunState, space: KnobSpace) -> tuple[list[Pairs], list[dict[str, Any]]]:
+    """The rejected candidates' patches as (knob, value) pairs, and the resolved configs of every knob-only
+    candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is skipped)."""
+    rejected = [_pairs(e.candidate.patch) for e in state.history if not e.verdict.accepted and e.candidate.patch]
     seen = []
     for e in state.history:
         if not e.candidate.kernels:
@@ -117,6 +140,22 @@ def _tried(state: RunState, space: KnobSpace) -> tuple[set[tuple[str, str]], lis
             except ConfigError:
                 continue
     return rejected, seen
+
+
+def _went_past(state: RunState, space: KnobSpace) -> set[tuple[str, str]]:
+    """(knob, value) pairs that an accepted knob change moved the incumbent away from."""
+    configs = {e.candidate.id: e.config for e in state.history}
+    past = set()
+    for e in state.history:
+        if not e.verdict.accepted:
+            continue
+        try:
+            before = space.resolve(configs.get(e.incumbent_id, state.baseline_config)
+                                   if e.incumbent_id is not None else state.baseline_config)
+        except ConfigError:
+            continue
+        past |= {(k, repr(before[k])) for k, v in e.candidate.patch.items() if k in before and before[k] != v}
+    return past
 
 
 def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
@@ -166,13 +205,16 @@ def _values(knob: Knob) -> tuple[Any, ...]:
 def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
     device = state.device.split(":")[0]
     current = space.resolve(state.incumbent.config)
+    past = _went_past(state, space)
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
         for knob in space.tunable(state.ranks):
             if knob.category not in categories or not knob.is_active(current):
                 continue
             for value in _values(knob):
-                if device not in DEVICE_ONLY.get((knob.name, repr(value)), (device,)):
+                pair = (knob.name, repr(value))
+                if (device not in DEVICE_ONLY.get(pair, (device,)) or pair in past
+                        or current[knob.name] not in STEPS_FORWARD.get(pair, (current[knob.name],))):
                     continue
                 yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",
                                expected_gain=_gain(finding, GENERIC_PLAUSIBILITY),
@@ -192,7 +234,7 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
     for proposal in ranked:
         config = {**state.incumbent.config, **proposal.patch}
         if (not _applicable(space, state, current, proposal.patch)
-                or any((k, repr(v)) in rejected for k, v in proposal.patch.items())
+                or any(_pairs(proposal.patch) <= r for r in rejected)
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue

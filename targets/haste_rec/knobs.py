@@ -12,6 +12,8 @@ from targets.protocol import Constraint, Knob, KnobSpace
 
 PRESET = "preset"  # a model-shape knob at this value takes the size preset's number
 TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the tail's tile knobs matter
+# when the Triton tail multiplies exact fp32 (no bf16, no TF32): the only case tail_fp32_dot changes anything
+TRITON_TAIL_FP32 = TRITON_TAIL + (("precision", ("fp32",)), ("matmul_precision", ("highest",)))
 # when the embedding kernels' knobs matter: backend triton runs its kernels unless grad mode is dense
 TRITON_EMBEDDING = (("embedding_backend", ("triton",)), ("embedding_grad_mode", ("sparse", "fused")))
 
@@ -45,6 +47,14 @@ KNOBS = (
          why="software-pipelining depth of the Triton tail kernels' batch loop: deeper stages prefetch the next "
              "gathered tile while the current one multiplies, at the cost of shared memory; no change to the sums",
          active_when=TRITON_TAIL),
+    # 3xTF32 splits each fp32 operand into a TF32 head and a TF32 tail and sums three tensor-core products,
+    # dropping only tail x tail: a few fp32 ulps per product, fp32 accumulation. That is the size of the
+    # float-reassociation drift the reorder band is calibrated on, so the knob is declared "reorder" and
+    # held to that band, tighter than the precision band that TF32 itself (matmul_precision=high) gets.
+    Knob("tail_fp32_dot", "choice", "ieee", category="kernel", numerics="reorder", choices=("ieee", "tf32x3"),
+         why="how the Triton tail's tl.dot multiplies fp32 at matmul_precision highest: ieee on the CUDA cores "
+             "(exact products); tf32x3 as three TF32 tensor-core products (a few fp32 ulps per product; the "
+             "fused loss kernel took 3.07 ms against 7.47 at size large's shape on an H200)", active_when=TRITON_TAIL_FP32),
     Knob("embedding_placement", "choice", "device", category="embedding", numerics="reorder",
          choices=("device", "host", "cached"),
          why="device is simplest while the tables fit in device memory; host frees it; cached keeps the hot rows "

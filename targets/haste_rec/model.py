@@ -129,10 +129,10 @@ def cache_plan_inputs(data, size: HasteRecSize, emb_cfg: EmbeddingConfig) -> tup
 
 def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The Triton tail's tile config from the tail_* kernel knobs and matmul_precision (used by the Triton
-    backends only)."""
+    backends only): TF32 when matmul_precision is high, else tail_fp32_dot."""
     return {"block_b": config["tail_block_b"], "num_warps": config["tail_num_warps"],
             "num_stages": config["tail_num_stages"],
-            "fp32_precision": "tf32" if config["matmul_precision"] == "high" else "ieee"}
+            "fp32_precision": "tf32" if config["matmul_precision"] == "high" else config["tail_fp32_dot"]}
 
 
 class HasteRecModel(nn.Module):

@@ -83,10 +83,12 @@ class TailKernelConfig:
 
     ``resolve(..., fused_dtype=dtype)`` is the fused loss kernel's rule: it holds the forward tile, the
     loss, dz, a dW accumulator and the dX tile at once. When its ``tl.dot`` runs on the tensor cores in
-    one pass (bf16/fp16 inputs, or fp32 at "tf32") it ran fastest with half the forward's auto BLOCK_B
-    (H200, main shape, bf16: 1.10 ms at BLOCK_B=32 against 1.46 at 64; fp32 at tf32: 1.92 against 2.45).
-    Exact fp32 ("ieee", 7.45 ms at 64 against 8.23 at 32) and "tf32x3" (2.95 against 3.21) keep the
-    forward's rule (``benchmarks.fused_bce_sweep``, docs/results/2026-11-30-h200-kernels).
+    one pass (bf16/fp16 inputs, or fp32 at "tf32") and groups have at least 32 labels, it ran fastest with
+    half the forward's auto BLOCK_B (H200, L=670,080, bf16: 1.10 ms at BLOCK_B=32 against 1.45 at 64 for
+    G=32, 1.19 either way for G=64; fp32 at tf32, G=32: 1.92 against 2.45). At G=16 half is slower (1.97
+    against 1.59; 8.08 against 6.51 at L=2.8M). Exact fp32 ("ieee", 7.45 ms at 64 against 8.23 at 32) and
+    "tf32x3" (2.95 against 3.21) keep the forward's rule (``benchmarks.fused_bce_sweep``, BENCHMARKS.md
+    sessions 6 and 7).
     """
 
     block_b: int | str = AUTO
@@ -108,8 +110,8 @@ class TailKernelConfig:
         the fused loss kernel's."""
         tile = _pad(size) * _pad(fan_in)
         auto_block_b = 64 if tile <= 64 * 64 else 32
-        if fused_dtype is not None and self.dot_precision(fused_dtype) == "tf32":  # one tensor-core pass
-            auto_block_b //= 2
+        if fused_dtype is not None and self.dot_precision(fused_dtype) == "tf32" and _pad(size) >= 32:
+            auto_block_b //= 2  # one tensor-core pass over groups of 32 labels or more
         block_b = auto_block_b if self.block_b == AUTO else int(self.block_b)
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
         num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)

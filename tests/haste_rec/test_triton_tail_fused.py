@@ -48,6 +48,21 @@ def test_fused_matches_float64_reference(shape: dict, dtype: torch.dtype) -> Non
         "the fused loss and gradients must repeat bit for bit"
 
 
+def test_tf32x3_products_stay_within_their_error_of_the_reference() -> None:
+    """fp32_precision="tf32x3" (the knob tail_fp32_dot), the fused kernel at its auto BLOCK_B for it: loss and
+    gradients within 3xTF32's error of float64; on a GPU not the IEEE bits (the interpreter ignores it)."""
+    shape = GPU_SHAPES[0] if DEVICE == "cuda" else SHAPES[0]
+    inputs = make(tail_fused_bce_inputs, shape, torch.float32, seed=5)
+    with poisoned_allocations():
+        got = tail_fused_bce_triton(*inputs, config=TailKernelConfig(fp32_precision="tf32x3"))
+    want = tail_fused_bce(*f64(inputs))
+    assert abs(got[0].item() - want[0].item()) <= 1e-5 * abs(want[0].item())
+    for g, w in zip(got[1:], want[1:]):
+        check_close(g, w, torch.float32, tol=5e-4)
+    if DEVICE == "cuda":
+        assert not torch.equal(got[1], tail_fused_bce_triton(*inputs)[1])
+
+
 def test_small_blocks_repeated_and_outside_positives() -> None:
     """Several batch chunks; a positive listed twice counts once; columns outside the tail are ignored."""
     shape = {"B": 37, "Ht": 30, "K": 6, "G": 5, "F": 7, "bias": 1, "weight": 1, "P": 25}

@@ -169,8 +169,8 @@ def test_offline_sweeps_only_knobs_that_have_an_effect(state, ctx):
 
 def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
     """The H200 large run's profile after triton-fused-loss and data_workers=2: the tail's Triton kernel has
-    little headroom left beyond its precision, so TF32 and pinned prefetch rank above the tail sweep, and no
-    rule steps back to the autograd or slots tail."""
+    little headroom left beyond how it multiplies fp32, so 3xTF32, TF32 and pinned prefetch rank above the
+    tail sweep, and no rule steps back to the autograd or slots tail."""
     config = {"tail_backend": "triton-fused-loss", "data_workers": 2, "embedding_grad_mode": "fused"}
     profile = coarse({"data": 0.22, "embed": 0.12, "tail": 0.48, "loss": 0.033, "backward": 0.21,
                       "optimizer": 0.052})
@@ -182,8 +182,8 @@ def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
         "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config))})
     proposals = propose_offline(fused, ctx, limit=6)
     proposers = [p.proposer for p in proposals]
-    assert proposers[:2] == ["offline:tf32-matmuls", "offline:pinned-prefetch"]  # before any sweep
-    assert proposals[1].patch == {"pin_memory": True, "prefetch_to_device": True}
+    assert proposers[:3] == ["offline:tf32x3-tail", "offline:tf32-matmuls", "offline:pinned-prefetch"]  # no sweep
+    assert proposals[2].patch == {"pin_memory": True, "prefetch_to_device": True}
     assert not {p.proposer for p in proposals} & {"offline:tail-slots", "offline:triton-tail",
                                                    "offline:triton-fused-loss"}
 
@@ -198,6 +198,39 @@ def test_tail_rules_never_go_back_past_the_incumbent_backend(state, ctx):
                           if "tail_backend" in p.patch and p.proposer != "offline:sweep"}
     assert rules == {"torch": {"slots", "triton", "triton-fused-loss"}, "slots": {"triton", "triton-fused-loss"},
                      "triton": {"triton-fused-loss"}, "triton-fused-loss": set()}
+
+
+def test_the_sweep_leaves_out_what_the_incumbent_went_past(state, ctx):
+    """The H200 large run of 2026-11-30 swept tail_backend torch, slots and triton after it had taken the fused
+    Triton tail (x4.2, x1.6, x1.2 slower): torch was what the accepted change moved away from, and the rules
+    propose slots and the unfused Triton tail only from behind them."""
+    fused = Evaluated(candidate=candidate(1, patch={"tail_backend": "triton-fused-loss"}), incumbent_id=None,
+                      config={"tail_backend": "triton-fused-loss"},
+                      verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.33))
+    at = state.model_copy(update={"device": "cuda", "history": [fused], "findings": [
+        finding("tail-gather-bound", 0.5, 1.5)], "incumbent": state.incumbent.model_copy(update={
+            "config": {"tail_backend": "triton-fused-loss"}, "from_candidate": 1})})
+    proposals = propose_offline(at, ctx, limit=200)
+    assert any("tail_block_b" in p.patch for p in proposals)  # the fused kernel's own knobs are swept
+    assert not any("tail_backend" in p.patch for p in proposals)
+    before = at.model_copy(update={"history": [], "incumbent": state.incumbent.model_copy(
+        update={"config": {"tail_backend": "slots"}})})  # from slots, triton is a step forward, torch a sweep
+    swept = {p.patch["tail_backend"] for p in propose_offline(before, ctx, limit=200) if "tail_backend" in p.patch}
+    assert swept == {"torch", "triton", "triton-fused-loss"}
+
+
+def test_a_rejected_change_still_allows_a_larger_one_that_holds_it(state, ctx):
+    """The H200 large-cached run of 2026-11-30: the fused update on host tables measured slower, and that
+    blocked the device-cache rule (cached placement + fused update), SparseGear's path for tables over budget."""
+    host = {"embedding_placement": "host", "embedding_grad_mode": "sparse", "tail_backend": "triton"}
+    rejected = Evaluated(candidate=candidate(3, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
+                         config={**host, "embedding_grad_mode": "fused"},
+                         verdict=Verdict(accepted=False, stage="measure", reason="slower", ratio=1.11))
+    at = state.model_copy(update={"device": "cuda", "history": [rejected], "findings": [
+        finding("optimizer", 0.36, 1.5)], "incumbent": state.incumbent.model_copy(update={"config": host})})
+    proposals = propose_offline(at, ctx, limit=200)
+    assert proposals[0].proposer == "offline:device-cache"
+    assert all(p.patch != {"embedding_grad_mode": "fused"} for p in proposals)  # the rejected change itself: no
 
 
 def test_user_settings_are_never_tuned(state, ctx):
