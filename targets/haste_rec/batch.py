@@ -3,6 +3,11 @@
 Sparse features follow nn.EmbeddingBag's convention per table: a flat id tensor plus bag start
 offsets (one per sample), optional per-sample weights (the extreme-classification reader uses
 them for feature values). Positive labels are CSR: ``labels[label_offsets[b]:label_offsets[b+1]]``.
+
+``PackedBatch`` is the same batch as the loader can pack it (knob pack_batches): the sparse features
+already in the embedding store's shared row space (``row_ops.TableLayout.pack``) and every tensor a
+view of at most four flat ones, so pinning, the worker-to-trainer hand-over and the host-to-device
+copy take one call per flat tensor instead of one per table's tensor (55 at 26 tables).
 """
 
 from __future__ import annotations
@@ -66,3 +71,52 @@ class Batch:
         llo, lhi = int(self.label_offsets[start]), int(self.label_offsets[stop])
         return Batch(ids, offsets, weights, self.dense[start:stop], self.labels[llo:lhi],
                      self.label_offsets[start:stop + 1] - llo)
+
+
+@dataclass
+class PackedBatch:
+    """A batch with its sparse features flattened into the embedding store's shared row space (what
+    ``TableLayout.flatten`` gives for a ``Batch``), held in at most four flat tensors."""
+
+    sparse: torch.Tensor              # int64 [nnz + T*B]: shared-space ids, then the bags' starts, table-major
+    weights: torch.Tensor | None      # float32 [nnz], or None when no table is weighted
+    dense: torch.Tensor               # float32 [B, num_dense]
+    label_part: torch.Tensor          # int64 [nnz_labels + B + 1]: labels, then label_offsets
+    nnz: int                          # looked-up ids, all tables
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.dense.shape[0])
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.sparse[:self.nnz]
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return self.sparse[self.nnz:]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.label_part[:self.label_part.numel() - self.batch_size - 1]
+
+    @property
+    def label_offsets(self) -> torch.Tensor:
+        return self.label_part[self.label_part.numel() - self.batch_size - 1:]
+
+    def _map(self, sparse_fn, other_fn) -> "PackedBatch":
+        weights = None if self.weights is None else sparse_fn(self.weights)
+        return PackedBatch(sparse=sparse_fn(self.sparse), weights=weights, dense=other_fn(self.dense),
+                           label_part=other_fn(self.label_part), nnz=self.nnz)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False, sparse: bool = True) -> "PackedBatch":
+        """Move to a device; with ``sparse=False`` the sparse features stay where they are (host tables)."""
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return self._map(move if sparse else (lambda t: t), move)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.sparse, self.weights, self.dense, self.label_part) if t is not None]
+
+    def pin_memory(self) -> "PackedBatch":
+        pin = lambda t: t.pin_memory()  # noqa: E731
+        return self._map(pin, pin)

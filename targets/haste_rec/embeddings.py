@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.cache_plan import plan_capacities
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
@@ -110,7 +110,7 @@ class EmbeddingStore(nn.Module):
         return _CachedRows(init, self.device, self.cfg, self.layout, self.cache_rows, self.state_cache_rows)
 
     # -- forward / backward ---------------------------------------------------------------------
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch | PackedBatch) -> torch.Tensor:
         ids, offsets, weights = self.layout.flatten(batch, self._rows.index_device)
         if self.cfg.autograd_tables:
             pooled = self._rows.autograd_pool(ids, offsets, weights)
@@ -118,7 +118,7 @@ class EmbeddingStore(nn.Module):
             pooled = self._rows.lookup(ids, offsets, weights, record=False)[0]
         else:
             pooled = _RowGradLookup.apply(self._anchor, self._rows, ids, offsets, weights, self._on_row_grads)
-        tables, bags = len(self.layout.table_rows), batch.offsets[0].numel()
+        tables, bags = len(self.layout.table_rows), batch.batch_size
         return pooled.view(tables, bags, self.dim).transpose(0, 1).reshape(bags, tables * self.dim)
 
     def _on_row_grads(self, lookup, grad_pooled: torch.Tensor) -> None:

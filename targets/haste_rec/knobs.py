@@ -72,7 +72,7 @@ KNOBS = (
          choices=("auto", 1024, 2048, 4096, 8192),
          why="fp32 elements of one Triton embedding program's [rows, row-slice] tile: larger tiles add more looked-up "
              "rows per step (more loads in flight, more registers); it sets the chunking of the pooled sums "
-             "(auto: 4096)", active_when=TRITON_EMBEDDING),
+             "(auto: 1024, the H200 sweep's best)", active_when=TRITON_EMBEDDING),
     Knob("embedding_num_warps", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 2, 4, 8),
          why="warps per program of the Triton embedding kernels: more warps keep more row loads in flight but "
              "split the tile's reductions differently (auto: a fixed shape rule)", active_when=TRITON_EMBEDDING),
@@ -103,6 +103,11 @@ KNOBS = (
          why="page-locked host batches copy to the device faster and asynchronously (CUDA only)"),
     Knob("prefetch_to_device", "bool", False, category="data", numerics="exact",
          why="copy the next batch to the device on a side stream while the current step runs (CUDA only)"),
+    Knob("pack_batches", "bool", False, category="data", numerics="exact",
+         why="the loader flattens each batch's sparse features into the embedding store's shared row space and "
+             "packs the batch into at most four tensors: one pin, hand-over and copy each instead of one per "
+             "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process; a "
+             "sharded run exchanges per-table ids and ignores it)"),
     Knob("compile_encoder", "bool", False, category="compile", numerics="reorder",
          why="torch.compile fuses the encoder's elementwise ops into its matmuls; costs compile time at start"),
     Knob("optimizer_impl", "choice", "default", category="kernel", numerics="reorder",

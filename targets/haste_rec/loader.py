@@ -4,7 +4,7 @@ never its contents, so all settings yield the same batches in the same order (cl
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -20,18 +20,20 @@ class BatchStream(IterableDataset):
     """Yields train batches start, start+1, ...; with n workers, worker w builds every n-th one.
 
     DataLoader takes from its workers round-robin, so the order seen by the trainer is the same
-    for any number of workers.
+    for any number of workers. ``prepare`` (e.g. ``TableLayout.pack``) runs where the batch is built,
+    in the worker when there are workers.
     """
 
-    def __init__(self, source: BatchSource, start: int = 0):
-        self.source, self.start = source, start
+    def __init__(self, source: BatchSource, start: int = 0, prepare: Callable[[Batch], Any] | None = None):
+        self.source, self.start, self.prepare = source, start, prepare
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         index = self.start + worker
         while True:
-            yield self.source.train_batch(index)
+            batch = self.source.train_batch(index)
+            yield batch if self.prepare is None else self.prepare(batch)
             index += workers
 
 
@@ -43,15 +45,17 @@ class DeviceBatches:
     """Batches on the training device, built per the data knobs.
 
     ``prefetch`` (CUDA only) copies batch i+1 to the device on a side stream while step i runs;
-    without it each batch is copied when it is needed.
+    without it each batch is copied when it is needed. ``prepare`` turns each built batch into what the
+    trainer takes (a ``PackedBatch`` under pack_batches), in the loader's workers when it has any.
     """
 
     def __init__(self, source: BatchSource, device: torch.device, workers: int = 0, pin_memory: bool = False,
-                 prefetch: bool = False, start: int = 0, sparse_on_device: bool = True):
+                 prefetch: bool = False, start: int = 0, sparse_on_device: bool = True,
+                 prepare: Callable[[Batch], Any] | None = None):
         cuda = device.type == "cuda"
         self.device, self.sparse_on_device = device, sparse_on_device
         self.pin = pin_memory and cuda
-        self.loader = iter(DataLoader(BatchStream(source, start), batch_size=None, num_workers=workers,
+        self.loader = iter(DataLoader(BatchStream(source, start, prepare), batch_size=None, num_workers=workers,
                                       pin_memory=self.pin, prefetch_factor=4 if workers else None,
                                       persistent_workers=workers > 0))
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.embedding_config import CPU
 
 # -- the math every mode shares -------------------------------------------------------------------
@@ -130,8 +130,13 @@ class TableLayout:
     def split(self, rows: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.split(rows, self.table_rows))
 
-    def flatten(self, batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(shared-space ids, offsets of all T*B bags table-major, weights or None) on `device`."""
+    def flatten(self, batch: Batch | PackedBatch,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(shared-space ids, offsets of all T*B bags table-major, weights or None) on `device`; a packed
+        batch holds them already."""
+        if isinstance(batch, PackedBatch):
+            return (batch.ids.to(device), batch.offsets.to(device),
+                    None if batch.weights is None else batch.weights.to(device))
         nnz = [ids.numel() for ids in batch.ids]
         ids = torch.cat([ids.to(device) + start for ids, start in zip(batch.ids, self.starts)])
         offsets = torch.cat([off.to(device) + sum(nnz[:t]) for t, off in enumerate(batch.offsets)])
@@ -140,3 +145,9 @@ class TableLayout:
         weights = torch.cat([torch.ones(i.numel(), device=device) if w is None else w.to(device)
                              for i, w in zip(batch.ids, batch.weights)])  # x * 1.0 is exact
         return ids, offsets, weights
+
+    def pack(self, batch: Batch) -> PackedBatch:
+        """``batch`` as the loader packs it (knob pack_batches): ``flatten`` on the host, the labels beside it."""
+        ids, offsets, weights = self.flatten(batch, CPU)
+        return PackedBatch(sparse=torch.cat([ids, offsets]), weights=weights, dense=batch.dense,
+                           label_part=torch.cat([batch.labels, batch.label_offsets]), nnz=ids.numel())

@@ -60,7 +60,8 @@ class HasteRecSession:
         out = self.model.output
         self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
                                      prefetch=config["prefetch_to_device"],
-                                     sparse_on_device=config["embedding_placement"] == "device")
+                                     sparse_on_device=config["embedding_placement"] == "device",
+                                     prepare=self.model.embeddings.layout.pack if config["pack_batches"] else None)
         self.record_grad_norms = False  # the worker's numerics mode turns this on (it costs a sync per step)
         self._grad_norms: dict[str, float] = {}
         self.valid = out.valid_mask.to(device)

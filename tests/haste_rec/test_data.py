@@ -171,3 +171,23 @@ def test_spec_rejects_inconsistent_tables() -> None:
         dataclasses.replace(SPEC, table_zipf=(1.0,))
     with pytest.raises(ConfigError):
         dataclasses.replace(SPEC, num_clusters=SPEC.num_labels + 1)
+
+
+@pytest.mark.parametrize("weighted", [(False, False, False), (True, False, True)], ids=["unweighted", "mixed"])
+def test_a_packed_batch_holds_the_flattened_batch_in_a_few_tensors(data: SyntheticData, weighted) -> None:
+    """TableLayout.pack gives what flatten gives, in at most four tensors, and moves whole."""
+    from targets.haste_rec.row_ops import TableLayout
+    batch = data.train_batch(3)
+    weights = [torch.rand(ids.numel()) if w else None for ids, w in zip(batch.ids, weighted)]
+    batch = dataclasses.replace(batch, weights=weights)
+    layout = TableLayout(SPEC.table_rows)
+    packed = layout.pack(batch)
+    want = layout.flatten(batch, torch.device("cpu"))
+    got = layout.flatten(packed, torch.device("cpu"))
+    assert all((g is None and w is None) or torch.equal(g, w) for g, w in zip(got, want))
+    assert torch.equal(packed.ids, want[0]) and torch.equal(packed.offsets, want[1])
+    assert len(packed.tensors()) == (4 if any(weighted) else 3) < len(batch.tensors())
+    assert packed.batch_size == batch.batch_size and torch.equal(packed.dense, batch.dense)
+    assert torch.equal(packed.labels, batch.labels) and torch.equal(packed.label_offsets, batch.label_offsets)
+    moved = packed.to("cpu", sparse=False)
+    assert moved.sparse is packed.sparse and torch.equal(moved.label_part, packed.label_part)

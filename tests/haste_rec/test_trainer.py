@@ -79,6 +79,18 @@ def test_data_workers_give_identical_batches():
     assert losses == reference
 
 
+@pytest.mark.parametrize("extra", [{}, {"data_workers": 2},
+                                   {"embedding_placement": "host", "embedding_grad_mode": "sparse"}],
+                         ids=["in-process", "workers", "host-tables"])
+def test_packed_batches_are_exact(extra):
+    """pack_batches moves where the sparse ids are flattened into the shared row space, not their values:
+    the same losses and the same parameters bit for bit (host tables keep the packed ids on the host)."""
+    reference, base = train(extra)
+    losses, packed = train({**extra, "pack_batches": True})
+    assert losses == reference
+    assert packed.param_digest() == base.param_digest()
+
+
 def test_slots_backend_matches_torch_backend():
     reference, _ = train({})
     losses, _ = train({"tail_backend": "slots"})

@@ -184,6 +184,7 @@ def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
     proposers = [p.proposer for p in proposals]
     assert proposers[:3] == ["offline:tf32x3-tail", "offline:tf32-matmuls", "offline:pinned-prefetch"]  # no sweep
     assert proposals[2].patch == {"pin_memory": True, "prefetch_to_device": True}
+    assert proposers[3] == "offline:packed-batches"
     assert not {p.proposer for p in proposals} & {"offline:tail-slots", "offline:triton-tail",
                                                    "offline:triton-fused-loss"}
 
