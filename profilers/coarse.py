@@ -193,6 +193,17 @@ class _Window:
         """Host time blocked in CUDA synchronisations and copies, summed by the phase it falls in."""
         return self._by_phase(index, self.waits, lambda e: e.time_range.elapsed_us())
 
+    def ops_by_phase(self, index: PhaseIndex) -> dict[str, float]:
+        """Host operator calls made directly in each phase (an op called by another op is not counted)."""
+        parent = lambda e: getattr(e, "cpu_parent", None)  # noqa: E731
+        direct = [e for e in self.ops if parent(e) is None or not is_op(parent(e)) or parent(e).name in self.annotations]
+        return self._by_phase(index, direct, lambda e: 1.0)
+
+    def launches_by_phase(self, index: PhaseIndex) -> dict[str, float]:
+        """Kernels launched from each phase."""
+        return self._by_phase(index, self.launchers,
+                              lambda e: float(sum(k.name not in self.annotations for k in e.kernels)))
+
     def device_us_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Device time of each launching op's kernels, summed by the phase its launch falls in."""
         return self._by_phase(index, self.launchers,
@@ -330,13 +341,15 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
     host = window.host_us()
     device_us = window.device_us_by_phase(index) if on_cuda else {}
     waits = window.host_wait_us(index) if on_cuda else {}
+    ops, launches = window.ops_by_phase(index), window.launches_by_phase(index) if on_cuda else {}
     phases = {}
     for name in session.phase_names:
         host_s = host.get(name, 0.0) / 1e6 / steps
         wait_s = min(host_s, waits.get(name, 0.0) / 1e6 / steps)
         dev_s = device_us.get(name, 0.0) / 1e6 / steps if on_cuda else None
         phases[name] = PhaseTime(host_s=host_s, host_wait_s=wait_s, device_s=dev_s,
-                                 share=max(host_s - wait_s, dev_s or 0.0) / step_s)
+                                 share=max(host_s - wait_s, dev_s or 0.0) / step_s, ops=ops.get(name, 0.0) / steps,
+                                 launches=launches.get(name, 0.0) / steps if on_cuda else None)
     busy_us = union_length((e.time_range.start, e.time_range.end) for e, _ in window.device)
     all_device_us = window.device_us()
     comm_s = window.collective_us(on_cuda) / 1e6 / steps if dist.is_available() and dist.is_initialized() else None

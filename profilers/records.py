@@ -34,6 +34,10 @@ class PhaseTime(BaseModel):
                                                      "per step; None on a CPU run")
     share: float = Field(description="max(host_s - host_wait_s, device_s) / step_s: how much of the step this "
                                      "phase can account for (an upper estimate when host and device overlap)")
+    ops: float = Field(0.0, description="host operator calls per step made directly in the phase (not those an "
+                                        "operator makes itself): what a host-bound phase spends its time on")
+    launches: float | None = Field(None, description="device kernels per step launched from the phase; None on "
+                                                     "a CPU run")
 
 
 class OpTime(BaseModel):

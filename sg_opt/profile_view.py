@@ -61,10 +61,11 @@ def render(result: ProfileResult, console: Console) -> None:
     if result.ranks:
         _render_ranks(result.ranks, result.main_rank, console)
     phases = Table(title="phases (per step)")
-    for col in ("phase", "host ms", "of it waiting", "device ms", "share"):
+    for col in ("phase", "host ms", "of it waiting", "device ms", "share", "host ops", "launches"):
         phases.add_column(col, justify="right" if col != "phase" else "left")
     for name, p in coarse.phases.items():
-        phases.add_row(name, _ms(p.host_s), _ms(p.host_wait_s), _ms(p.device_s), f"{100 * p.share:.1f}%")
+        phases.add_row(name, _ms(p.host_s), _ms(p.host_wait_s), _ms(p.device_s), f"{100 * p.share:.1f}%",
+                       f"{p.ops:.0f}", "-" if p.launches is None else f"{p.launches:.0f}")
     console.print(phases)
     if result.floor is not None:
         _render_floor(result.floor, console)

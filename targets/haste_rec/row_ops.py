@@ -36,26 +36,27 @@ def apply_rowwise_adagrad_(weight: torch.Tensor, w_index: torch.Tensor | None, s
     state.index_copy_(0, s_index, new_s)
 
 
-def segment_sum(values: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """out[s] = sum of values[i] with segment[i] == s, added once each in the order of i.
+def segment_sum(values: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """out[s] = sum of values[i] with segment[i] == s, added once each in the order of i; ``counts[s]`` is how
+    many i have segment s (``unique_ids`` gives it: a bincount here would read its size back from a GPU).
 
     A stable sort groups each segment's contributions, then one sequential reduction per segment
     sums them: deterministic on every device (no atomics). Every segment must be non-empty.
     """
     order = torch.argsort(segment, stable=True)
-    counts = torch.bincount(segment, minlength=num_segments)
-    return torch.segment_reduce(values.index_select(0, order), "sum", lengths=counts, axis=0)
+    return torch.segment_reduce(values.index_select(0, order), "sum", lengths=counts.to(values.device), axis=0)
 
 
-def unique_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted distinct ids, position -> index into them)."""
-    return torch.unique(ids, sorted=True, return_inverse=True)
+def unique_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted distinct ids, position -> index into them, occurrences of each): the one read-back from a GPU
+    that a data-dependent row count needs."""
+    return torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
 
 
 def coalesce_rows(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(distinct rows, summed gradient of each) from per-occurrence rows and gradients."""
-    unique, inverse = unique_ids(rows)
-    return unique, segment_sum(grads, inverse.to(grads.device), unique.numel())
+    unique, inverse, counts = unique_ids(rows)
+    return unique, segment_sum(grads, inverse.to(grads.device), counts)
 
 
 @dataclass
@@ -64,18 +65,19 @@ class Lookup:
 
     rows: torch.Tensor            # distinct rows of the batch, sorted
     inverse: torch.Tensor         # position -> index into rows
+    counts: torch.Tensor          # occurrences of each row
     offsets: torch.Tensor         # bag starts
     bag_of: torch.Tensor          # position -> bag
     weights: torch.Tensor | None  # per-sample weights, or None
 
 
 def make_lookup(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, device: torch.device) -> Lookup:
-    rows, inverse = unique_ids(ids)
-    inverse, offsets = inverse.to(device), offsets.to(device)
+    rows, inverse, counts = unique_ids(ids)
+    inverse, counts, offsets = inverse.to(device), counts.to(device), offsets.to(device)
     lengths = torch.diff(offsets, append=offsets.new_tensor([inverse.numel()]))
     bag_of = torch.repeat_interleave(torch.arange(offsets.numel(), device=device), lengths,
                                      output_size=inverse.numel())
-    return Lookup(rows, inverse, offsets, bag_of, None if weights is None else weights.to(device))
+    return Lookup(rows, inverse, counts, offsets, bag_of, None if weights is None else weights.to(device))
 
 
 def row_gradients(grad_pooled: torch.Tensor, lookup: Lookup) -> torch.Tensor:
@@ -83,7 +85,7 @@ def row_gradients(grad_pooled: torch.Tensor, lookup: Lookup) -> torch.Tensor:
     contrib = grad_pooled.index_select(0, lookup.bag_of)
     if lookup.weights is not None:
         contrib = contrib * lookup.weights.unsqueeze(1)
-    return segment_sum(contrib, lookup.inverse, lookup.rows.numel())
+    return segment_sum(contrib, lookup.inverse, lookup.counts)
 
 
 def pool(ids: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,

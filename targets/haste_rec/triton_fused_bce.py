@@ -86,8 +86,10 @@ def tail_positives(rows: torch.Tensor, cols: torch.Tensor, groups: int, size: in
     inside = (cols >= 0) & (cols < groups * size)
     group = torch.where(inside, torch.div(cols, size, rounding_mode="floor"), groups)  # outside: past the end
     order = torch.argsort(group, stable=True)
+    counts = torch.zeros(groups + 1, dtype=torch.int64, device=cols.device)
+    counts.scatter_add_(0, group, torch.ones_like(group))  # bincount would read group.max() back from a GPU
     ptr = torch.zeros(groups + 1, dtype=torch.int64, device=cols.device)
-    ptr[1:] = torch.bincount(group, minlength=groups + 1)[:groups].cumsum(0)
+    ptr[1:] = counts[:groups].cumsum(0)
     return TailPositives(rows[order].to(torch.int32), (cols - group * size)[order].to(torch.int32),
                          ptr.to(torch.int32))
 

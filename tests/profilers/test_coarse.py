@@ -40,7 +40,9 @@ def test_named_phases_cover_the_step(cpu_profile):
     assert profile.attributed_share >= 0.9, profile.attributed_share
     assert profile.attributed_share <= 1.0 + 1e-6
     assert set(profile.phases) == set(PHASES)
-    assert all(p.host_s > 0 and p.device_s is None for p in profile.phases.values())
+    assert all(p.host_s > 0 and p.device_s is None and p.launches is None for p in profile.phases.values())
+    assert all(p.ops >= 1 for p in profile.phases.values())  # every phase calls at least one operator
+    assert sum(p.ops for p in profile.phases.values()) <= profile.ops_per_step  # direct calls only
     assert sum(p.host_s for p in profile.phases.values()) <= profile.step_s
 
 
@@ -138,6 +140,8 @@ def test_window_attributes_kernels_by_launch_time_across_threads():
     assert [op.name for op in window.top_ops(True, steps=1, step_s=50e-6, limit=5)] == ["aten::mm_backward",
                                                                                         "aten::mm"]
     assert [e.name for e in window.ops] == ["aten::mm", "aten::mm_backward"]  # not the runtime call
+    assert dict(window.ops_by_phase(window.index())) == {"forward": 1, "backward": 1}
+    assert dict(window.launches_by_phase(window.index())) == {"forward": 1, "backward": 1}  # not the mirror
 
 
 def test_device_kind_and_memcpy_bytes_without_new_profiler_fields():
