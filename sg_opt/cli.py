@@ -259,7 +259,8 @@ def optimize(
                                                       "each with its A/B pair on GPUs of its own (device cuda)"),
     timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
                                                        "(shortened to 8x the baseline's once that is known)"),
-    blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
+    blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement (the "
+                                              "final baseline-against-best one takes at least 10, as bench --vs)"),
     block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
                                                                                  "sized from the step time)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),

@@ -338,8 +338,9 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         plan, floor = state.plan, state.baseline.noise_floor
 
         def final_ab(seed: int) -> ABResult:
-            return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"), plan.blocks,
-                              plan.block_steps, plan.timeout_s, "baseline", "best", floor=floor, seed=seed)
+            return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"),
+                              max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
+                              "best", floor=floor, seed=seed)
         result, note = final_ab(state.seed + 7), None
         if disturbed(result, floor):  # stalled blocks: measure once more and quote the steadier run
             write_json(_dir(state, "final_ab_disturbed.json"), result)

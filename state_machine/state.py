@@ -45,6 +45,9 @@ class EvalPlan(BaseModel):
                                                         "the target size's preset)")
     warmup: int = 3
     blocks: int = Field(6, description="interleaved timed blocks per side in one A/B measurement (even)")
+    final_blocks: int = Field(10, description="blocks per side of the final baseline-against-best measurement, "
+                                              "at least `blocks`: as many as `sg-opt bench --vs` takes by default, "
+                                              "so that the quoted figure and its re-measurement are measured alike")
     block_steps: int | None = Field(None, description="steps per block (None: enough for BLOCK_SECONDS, from "
                                                       "a short timing of the baseline)")
     block_seconds: float = Field(0.3, description="the duration a block aims at when block_steps is None")

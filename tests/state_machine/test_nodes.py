@@ -270,14 +270,19 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
     # the final A/B of the --gpus 2 run on two H200s: three baseline blocks stalled
     stalled = _final_ab([117, 117, 117, 220, 190, 334], [29.2, 29.9, 30.1, 29.5, 28.9, 29.2], 0.201)
     steady = _final_ab([117, 116.8, 116.9, 117.2, 117.0, 116.9], [29.2, 29.9, 30.1, 29.5, 28.9, 29.2], 0.252)
-    queue = [stalled, steady] if disturbed_first else [steady, stalled]
-    monkeypatch.setattr(nodes, "measure_ab", lambda *args, **kwargs: queue.pop(0))
+    queue, blocks = [stalled, steady] if disturbed_first else [steady, stalled], []
+
+    def measure_ab(a, b, n_blocks, *args, **kwargs):
+        blocks.append(n_blocks)
+        return queue.pop(0)
+    monkeypatch.setattr(nodes, "measure_ab", measure_ab)
     accepted = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
                          verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.25))
     run = state.model_copy(update={"history": [accepted], "baseline": Baseline(
         numerics_file="n.json", step_ms=117.0, noise_floor=0.011, calibration_file="c.json")})
     final = nodes.report(run, ctx)["final"]
     assert final.ratio == 0.252
+    assert set(blocks) == {10}  # as many blocks as the fresh `bench --vs` re-measurement, not a candidate's 6
     if disturbed_first:
         assert not queue and "disturbed (block spread 185%" in final.note
         assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
