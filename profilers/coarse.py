@@ -196,7 +196,8 @@ class _Window:
     def ops_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Host operator calls made directly in each phase (an op called by another op is not counted)."""
         parent = lambda e: getattr(e, "cpu_parent", None)  # noqa: E731
-        direct = [e for e in self.ops if parent(e) is None or not is_op(parent(e)) or parent(e).name in self.annotations]
+        direct = [e for e in self.ops
+                  if parent(e) is None or not is_op(parent(e)) or parent(e).name in self.annotations]
         return self._by_phase(index, direct, lambda e: 1.0)
 
     def launches_by_phase(self, index: PhaseIndex) -> dict[str, float]:

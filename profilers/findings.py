@@ -173,8 +173,10 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
         room = Headroom(1.5, "few kernels, so host work other than launches keeps the device waiting")
     waiting = (f" (of {coarse.device_idle_fraction:.1%} idle, {data_idle:.1%} is the wait for data, counted there)"
                if data_idle > 0 else "")
+    by_phase = sorted(((p.launches, name) for name, p in coarse.phases.items() if p.launches), reverse=True)[:3]
+    most = ("; most launches from " + ", ".join(f"{name} ({n:.0f})" for n, name in by_phase)) if by_phase else ""
     evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
-                f"{launches:.0f} kernel launches per step{waiting}.")
+                f"{launches:.0f} kernel launches per step{waiting}{most}.")
     return [_finding("launch/host-bound", None, None, evidence, idle, room)]
 
 

@@ -143,6 +143,21 @@ def _phase_line(s: Summary) -> str | None:
             + ", ".join(f"{k} {first.phases_ms.get(k, 0):.2f} -> {last.phases_ms.get(k, 0):.2f}" for k in names))
 
 
+def host_line(s: Summary) -> str | None:
+    """The last profile's host side per phase: what a host-bound step spends its time on (None before
+    profiles recorded host operator calls)."""
+    last = s.phases[-1] if s.phases else None
+    if last is None or not any(last.host_ops.values()):
+        return None
+    parts = [f"{name} {ms:.2f} / {last.host_ops.get(name, 0):.0f}"
+             + (f" / {last.launches[name]:.0f}" if name in last.launches else "")
+             for name, ms in last.host_work_ms.items()]
+    what = ("ms of host work not waiting on the device / host operator calls"
+            + (" / kernel launches" if last.launches else ""))
+    return (f"Host side ({last.label}, per step: {what}): " + ", ".join(parts)
+            + f"; {sum(last.host_work_ms.values()):.2f} ms of host work in a {last.step_ms:.2f} ms step.")
+
+
 def over_floor_text(measured: float | None, floor: float | None) -> str:
     return f"x{measured / floor:.1f}" if measured is not None and floor else "-"
 
@@ -193,7 +208,7 @@ def report_markdown(s: Summary) -> str:
                      f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {c.reason.replace('|', '/')} |")
     env = dict(machine_rows(s.environment))
     ranks = [f"Ranks ({p.label}): {p.ranks_note}." for p in s.phases if p.ranks_note][-1:]
-    for paragraph in (_phase_line(s), *ranks, None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
+    for paragraph in (_phase_line(s), host_line(s), *ranks, None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
         lines += ["", paragraph] if paragraph else []
     if floor := floor_lines(s):
         lines += [""] + floor

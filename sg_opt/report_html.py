@@ -13,8 +13,8 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, machine_rows, numerics_line, over_floor_text,
-                           ratio_text, result_line, spend_line, status_line, step_text, verdict_text)
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, host_line, machine_rows, numerics_line,
+                           over_floor_text, ratio_text, result_line, spend_line, status_line, step_text, verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -125,6 +125,7 @@ def _phases(s: Summary) -> str:
                           "no profile of this run has a coarse section."),
                    table(["profile", "file", "step ms", "unprofiled ms", *names, "other"], rows,
                          numeric=tuple(range(2, len(names) + 5))) if rows else "",
+                   f"<p>{escape(host)}</p>" if (host := host_line(s)) else "",
                    "".join(f"<p>{escape(p.label)}: {escape(p.ranks_note)}.</p>" for p in s.phases if p.ranks_note))
 
 

@@ -87,6 +87,10 @@ class PhaseBreakdown(BaseModel):
     unprofiled_step_ms: float
     phases_ms: dict[str, float] = Field(description="phase -> share x profiled step time")
     other_ms: float = Field(description="the step time no named phase accounts for (0 when phases overlap)")
+    host_work_ms: dict[str, float] = Field(default_factory=dict, description="phase -> host time not blocked on "
+                                                                             "the device, ms per step")
+    host_ops: dict[str, float] = Field(default_factory=dict, description="phase -> host operator calls per step")
+    launches: dict[str, float] = Field(default_factory=dict, description="phase -> kernel launches per step (CUDA)")
     floor_ms: dict[str, float] = Field(default_factory=dict, description="phase -> its roofline floor (least work "
                                                                          "at the measured ceilings)")
     floor_bound: dict[str, str] = Field(default_factory=dict, description="phase -> compute, memory, bus or none")
@@ -292,8 +296,11 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
             "floor_ms": {name: 1e3 * p.floor_s for name, p in floor.phases.items()},
             "floor_bound": {name: p.bound for name, p in floor.phases.items()},
             "floor_step_ms": 1e3 * floor.floor_s, "floor_note": floor_sentence(floor)}
+        host = {"host_work_ms": {name: 1e3 * (p.host_s - p.host_wait_s) for name, p in coarse.phases.items()},
+                "host_ops": {name: p.ops for name, p in coarse.phases.items()},
+                "launches": {name: p.launches for name, p in coarse.phases.items() if p.launches is not None}}
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
-                                   unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases,
+                                   unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases, **host,
                                    other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0),
                                    ranks_note=ranks_sentence(result), **floors))
     return rows

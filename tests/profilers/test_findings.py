@@ -88,6 +88,10 @@ def test_idle_device_is_launch_bound_only_on_cuda():
     few = findings(coarse({"encoder": 0.5}, idle=0.45, launches=20), None, {}, DENSE)
     assert few[0].headroom == 1.5
     assert findings(coarse({"encoder": 0.5}, idle=0.1, launches=900), None, {}, DENSE) == []
+    named = coarse({"data": 0.1, "embed": 0.1, "encoder": 0.1, "backward": 0.1}, idle=0.45, launches=120)
+    for name, n in (("data", 55), ("embed", 54), ("encoder", 3), ("backward", 8)):
+        named.phases[name].launches = n
+    assert "most launches from data (55), embed (54), backward (8)." in findings(named, None, {}, DENSE)[0].evidence
 
 
 def test_cache_misses_need_cached_placement():

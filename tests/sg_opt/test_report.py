@@ -52,13 +52,19 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
         assert set(profile["floor_ms"]) == {"data", "forward", "backward", "optimizer"}
         assert 0 < profile["floor_step_ms"] < profile["unprofiled_step_ms"] and "the floor" in profile["floor_note"]
     assert s["phases"][0]["floor_bound"]["backward"] in ("compute", "memory")
+    last = s["phases"][-1]  # the host side per phase (a CPU run: no kernel launches)
+    assert set(last["host_ops"]) == set(last["host_work_ms"]) and last["host_ops"]["backward"] >= 1
+    assert last["launches"] == {} and all(ms > 0 for ms in last["host_work_ms"].values())
 
     md = (agent_run / "report.md").read_text()
     assert len(md) < 65_536  # a GitHub pull-request comment
     assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
     assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
+    assert re.search(r"Host side \(after #\d+, per step: ms of host work not waiting on the device / host operator "
+                     r"calls\): data \d+\.\d\d / \d+,", md)
     page = (agent_run / "report.html").read_text()
     assert "No kernel-slot roofline" in page and "No LLM calls" in page and "Against the hardware floor" in page
+    assert "Host side (after #" in page
     assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)
     assert 'slow_loader = false' in (agent_run / "best_config.toml").read_text()
 
