@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from profilers.findings import findings as profile_findings
-from profilers.records import Finding
+from profilers.records import Finding, ProfileResult
 from state_machine import nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
@@ -232,6 +234,38 @@ def test_a_rejected_change_still_allows_a_larger_one_that_holds_it(state, ctx):
     proposals = propose_offline(at, ctx, limit=200)
     assert proposals[0].proposer == "offline:device-cache"
     assert all(p.patch != {"embedding_grad_mode": "fused"} for p in proposals)  # the rejected change itself: no
+
+
+H200_LARGE = Path(__file__).parents[1] / "fixtures" / "h200_large_after_10.json"
+
+
+def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
+    """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
+    that run's history up to #12: the proposer now offers 3xTF32 and packed batches before any sweep, and
+    sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6, x1.2 slower)."""
+    result = ProfileResult.model_validate_json(H200_LARGE.read_text())
+    steps = [(1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
+             (3, {"data_workers": 2}, True), (4, {"compile_encoder": True}, False),
+             (5, {"pin_memory": True, "prefetch_to_device": True}, True), (6, {"precision": "bf16-autocast"}, False),
+             (7, {"matmul_precision": "high"}, False), (8, {"embedding_backend": "triton"}, False),
+             (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
+             (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)]
+    history, config, incumbent = [], {}, None
+    for cid, patch, accepted in steps:
+        history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
+                                 config={**config, **patch},
+                                 verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run")))
+        if accepted:
+            config, incumbent = {**config, **patch}, cid
+    resolved = ctx.target.knob_space.resolve(config)
+    assert {k: resolved[k] for k in config} == {k: result.config[k] for k in config}  # the profile's own config
+    at = state.model_copy(update={
+        "device": "cuda", "size": "large", "history": history,
+        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent}),
+        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
+    proposals = propose_offline(at, ctx, limit=200)
+    assert [p.proposer for p in proposals[:2]] == ["offline:tf32x3-tail", "offline:packed-batches"]
+    assert not any("tail_backend" in p.patch for p in proposals)
 
 
 def test_user_settings_are_never_tuned(state, ctx):
