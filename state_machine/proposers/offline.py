@@ -61,7 +61,7 @@ CATALOG: tuple[Rule, ...] = (
          "page-locked batches copied on a side stream while the step runs", devices=("cuda",),
          requires={"data_workers": (1, 2, 4)}),
     Rule("loader-workers-4", ("data-wait",), {"data_workers": 4}, 0.4, "more loader processes"),
-    Rule("packed-batches", ("data-wait", "embedding-bound", "launch/host-bound"), {"pack_batches": True}, 0.5,
+    Rule("packed-batches", ("data-wait", "embedding-bound"), {"pack_batches": True}, 0.5,
          "each batch packed by the loader into a few flat tensors already in the tables' shared row space: a few "
          "pins and copies instead of one per table, no per-table adds before the lookup"),
     Rule("triton-tail", ("tail-gather-bound", "backward", "memory-bound kernel", "compute-bound kernel"),

@@ -268,6 +268,29 @@ def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches
     assert not any("tail_backend" in p.patch for p in proposals)
 
 
+def test_the_h200_large_cached_run_reaches_the_device_cache(state, ctx):
+    """Replayed on the real profile of the 2026-11-30 `large-cached` run after its one win (#2, the Triton
+    tail) with its history to #3 (the fused update on host tables, 1.11: rejected): the device cache with the
+    fused update, which that run never tried, is among the next three proposals."""
+    result = ProfileResult.model_validate_json(
+        (Path(__file__).parents[1] / "fixtures" / "h200_large_cached_after_2.json").read_text())
+    base = {"embedding_placement": "host", "embedding_grad_mode": "sparse"}  # examples/haste_rec_large_cached.toml
+    config = {**base, "tail_backend": "triton"}
+    history = [Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent, config={**before, **patch},
+                         verdict=Verdict(accepted=cid == 2, stage="measure", reason="as in that run"))
+               for cid, patch, incumbent, before in ((1, {"tail_backend": "triton-fused-loss"}, None, base),
+                                                     (2, {"tail_backend": "triton"}, None, base),
+                                                     (3, {"embedding_grad_mode": "fused"}, 2, config))]
+    resolved = ctx.target.knob_space.resolve(config)
+    at = state.model_copy(update={
+        "device": "cuda", "size": "large-cached", "baseline_config": base, "history": history,
+        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": 2}),
+        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
+    proposals = propose_offline(at, ctx, limit=3)
+    assert {"embedding_placement": "cached", "embedding_grad_mode": "fused"} in [p.patch for p in proposals]
+    assert all(p.patch != {"embedding_grad_mode": "fused"} for p in propose_offline(at, ctx, limit=200))
+
+
 def test_user_settings_are_never_tuned(state, ctx):
     verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current_verdict"]
     assert not verdict.accepted and verdict.stage == "check" and "user's own setting" in verdict.reason
