@@ -13,7 +13,10 @@ BENCHMARKS.md):
 - data-wait (data phase): 3.5 with in-process loading (data_workers 0, no prefetch), else 1.5;
   worker processes with pinned prefetch took data from 9.8 to 2.8 ms.
 - optimizer (optimizer phase): 20 with embedding_grad_mode dense (fused row-wise updates took it
-  from 48.2 to 1.24 ms, 39x; half of that claimed); 2 with default/for-loop optimizers; else 1.3.
+  from 48.2 to 1.24 ms, 39x; half of that claimed); 3 with host tables (their row-wise Adagrad runs
+  on the host: 41.5 ms a step at large-cached, 4.5 ms with device tables at large, both with
+  sparse gradients; a device cache moves the hot rows' updates to the device); 2 with
+  default/for-loop optimizers; else 1.3.
 - embedding-bound (embed phase): 3 with host or cached tables (rows cross the bus / cache
   bookkeeping); else 2 (one fused pooled gather).
 - tail-gather-bound (tail phase): 3 with tail_backend torch (gather + einsum materialise [B, K, F],
@@ -32,7 +35,10 @@ BENCHMARKS.md):
   H200), else 1.5 (dense layers' backward GEMMs, near their floor).
 - launch/host-bound (device idle fraction, CUDA only, from 20%, less the data phase's host time beyond
   its device work: that wait is data-wait's, an upper estimate of it when loading overlaps the step):
-  3 with >= 100 kernels per step (CUDA graphs / compile remove launch gaps), else 1.5.
+  3 with >= 100 kernels per step (CUDA graphs / compile remove launch gaps), else 1.5; also 1.5 when
+  the host works more than 250 us per launch outside the data phase: then it computes rather than
+  launches (an H200 `large` step: 96 us a launch; `large-cached`, whose tables are updated on the
+  host: 720 us).
 - cache-misses (embed phase, cached tables, miss rate from 1%): 1 / (1 - miss_rate / 2), a
   larger, planned or LFU cache halving the misses with embed time proportional to them.
 - memory-/compute-bound kernel (slot median / step, one call per step): 0.8 / roofline fraction,
@@ -54,6 +60,7 @@ from profilers.records import CoarseProfile, FineProfile, Finding, SlotTiming
 MIN_SHARE = 0.01           # parts below 1% of the step are not reported
 IDLE_THRESHOLD = 0.2       # device idle share above which the step is launch/host-bound
 MANY_LAUNCHES = 100        # kernels per step above which launch overhead is the likely cause
+HOST_S_PER_LAUNCH = 250e-6  # host work per launch (outside data) above which the host computes, not launches
 KERNEL_EFFICIENCY = 0.8    # share of the roofline a tuned kernel plausibly reaches
 MAX_KERNEL_HEADROOM = 10.0
 MIN_MISS_RATE = 0.01
@@ -91,6 +98,10 @@ def phase_headroom(category: str, knobs: Mapping[str, Any]) -> Headroom:
         if knobs.get("embedding_grad_mode") == "dense":
             return Headroom(20.0, "dense table-sized embedding gradients; fused row-wise updates took the "
                                   "optimizer from 48.2 to 1.24 ms on an H200")
+        if knobs.get("embedding_placement") == "host":
+            return Headroom(3.0, "row-wise Adagrad over host tables runs on the host's CPUs (41.5 ms a step at "
+                                 "large-cached on an H200 host, 4.5 ms with device tables at large, both sparse); "
+                                 "a device cache updates the hot rows on the device")
         if knobs.get("optimizer_impl", "default") in ("default", "for-loop"):
             return Headroom(2.0, "one update kernel per parameter; foreach/fused optimizers batch them")
         return Headroom(1.3, "the optimizer is already batched; little is left to fuse")
@@ -167,7 +178,12 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
     if idle < IDLE_THRESHOLD:
         return []
     launches = coarse.kernel_launches_per_step
-    if launches >= MANY_LAUNCHES:
+    host_work = sum(p.host_s - p.host_wait_s for name, p in coarse.phases.items() if name != "data")
+    per_launch = host_work / launches if launches else float("inf")
+    if per_launch > HOST_S_PER_LAUNCH:
+        room = Headroom(1.5, f"the host works {per_launch * 1e6:.0f} us per kernel launch outside data: it computes "
+                             "(host-side tables, say) rather than launches, so fusing launches gains little")
+    elif launches >= MANY_LAUNCHES:
         room = Headroom(3.0, "many small kernels; CUDA graphs or torch.compile remove most launch gaps")
     else:
         room = Headroom(1.5, "few kernels, so host work other than launches keeps the device waiting")

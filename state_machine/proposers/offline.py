@@ -48,7 +48,8 @@ class Rule:
 
 CATALOG: tuple[Rule, ...] = (
     Rule("fused-embedding-update", ("optimizer", "embedding-bound"), {"embedding_grad_mode": "fused"}, 0.9,
-         "row-wise Adagrad applied inside backward to the touched rows only: no table-sized gradient"),
+         "row-wise Adagrad applied inside backward to the touched rows only: no table-sized gradient",
+         requires={"embedding_placement": ("device", "cached")}),  # host tables: the device-cache rule carries it
     Rule("sparse-embedding-grad", ("optimizer",), {"embedding_grad_mode": "sparse"}, 0.6,
          "sparse table gradients touch only the looked-up rows"),
     Rule("fused-optimizer", ("optimizer",), {"optimizer_impl": "fused"}, 0.3,

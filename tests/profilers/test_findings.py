@@ -88,6 +88,11 @@ def test_idle_device_is_launch_bound_only_on_cuda():
     few = findings(coarse({"encoder": 0.5}, idle=0.45, launches=20), None, {}, DENSE)
     assert few[0].headroom == 1.5
     assert findings(coarse({"encoder": 0.5}, idle=0.1, launches=900), None, {}, DENSE) == []
+    computing = coarse({"encoder": 0.5}, idle=0.45, launches=10)  # 5 ms of host work over 10 launches
+    assert computing.phases["encoder"].host_s / 10 > 250e-6
+    assert findings(computing, None, {}, DENSE)[0].headroom == 1.5
+    computing.kernel_launches_per_step = 200  # many launches, but 25 us of host work each: launch gaps
+    assert findings(computing, None, {}, DENSE)[0].headroom == 3.0
     named = coarse({"data": 0.1, "embed": 0.1, "encoder": 0.1, "backward": 0.1}, idle=0.45, launches=120)
     for name, n in (("data", 55), ("embed", 54), ("encoder", 3), ("backward", 8)):
         named.phases[name].launches = n

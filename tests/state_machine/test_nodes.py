@@ -305,6 +305,8 @@ def test_host_tables_get_the_device_cache_rule_early(state, ctx):
                                         "embedding_placement": "host", "embedding_grad_mode": "sparse"}})})
     first = {p.proposer: p.patch for p in propose_offline(host, ctx, limit=2)}
     assert first["offline:device-cache"] == {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
+    every = propose_offline(host.model_copy(update={"findings": [finding("optimizer", 0.3, 1.5)]}), ctx, limit=200)
+    assert "offline:fused-embedding-update" not in {p.proposer for p in every}  # on host tables: the cache rule's
     device = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)]})
     assert all(p.proposer != "offline:device-cache" for p in propose_offline(device, ctx, limit=50))
 
