@@ -79,3 +79,15 @@ def test_triton_backends_follow_torch_on_cuda(backend: str, precision: str, nume
     baseline = numerics(settings, "cuda", 30)
     verdict = compare(baseline, numerics({**settings, "tail_backend": backend}, "cuda", 30), numerics_class)
     assert verdict.ok, verdict.detail
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_tf32x3_tail_stays_in_the_reorder_band_on_cuda(backend: str) -> None:
+    """tail_fp32_dot=tf32x3 is declared "reorder" (knobs.py): 30 fp32 steps against the torch tail must stay in
+    that band, as the exact-fp32 Triton tail does; on the CPU the interpreter ignores the setting."""
+    settings = {"rewire_every": 10}
+    baseline = numerics(settings, "cuda", 30)
+    candidate = numerics({**settings, "tail_backend": backend, "tail_fp32_dot": "tf32x3"}, "cuda", 30)
+    verdict = compare(baseline, candidate, "reorder")
+    assert verdict.ok, verdict.detail
