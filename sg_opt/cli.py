@@ -259,8 +259,9 @@ def optimize(
                                                       "each with its A/B pair on GPUs of its own (device cuda)"),
     timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
                                                        "(shortened to 8x the baseline's once that is known)"),
-    blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement (the "
-                                              "final baseline-against-best one takes at least 10, as bench --vs)"),
+    blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
+    final_blocks: int = typer.Option(10, "--final-blocks", min=2, help="blocks per side of the final "
+                                     "baseline-against-best measurement, at least --blocks (10: as bench --vs)"),
     block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
                                                                                  "sized from the step time)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
@@ -277,10 +278,11 @@ def optimize(
         if resume is not None:
             final, summary = agent.resume(resume, out, console, quiet)
         else:
-            if blocks % 2:
-                raise ConfigError("--blocks must be even, so that each side runs first equally often")
+            if blocks % 2 or final_blocks % 2:
+                raise ConfigError("--blocks and --final-blocks must be even, so that each side runs first equally "
+                                  "often")
             overrides = _inputs(target, size, config, set_, data, ranks)
-            plan = {"blocks": blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
+            plan = {"blocks": blocks, "final_blocks": final_blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
                     **({"block_steps": block_steps} if block_steps else {})}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,

@@ -134,3 +134,9 @@ def test_bench_vs_odd_blocks_is_a_usage_error(tmp_path):
     other.write_text("")
     result = runner.invoke(app, ["bench", "--size", "tiny", "--vs", str(other), "--blocks", "3"])
     assert result.exit_code == 2 and "even" in result.output
+
+
+def test_optimize_odd_final_blocks_is_a_usage_error(tmp_path):
+    result = runner.invoke(app, ["optimize", "--size", "tiny", "--final-blocks", "3", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--final-blocks must be even" in result.output
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
