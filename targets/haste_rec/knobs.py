@@ -54,7 +54,8 @@ KNOBS = (
     Knob("tail_fp32_dot", "choice", "ieee", category="kernel", numerics="reorder", choices=("ieee", "tf32x3"),
          why="how the Triton tail's tl.dot multiplies fp32 at matmul_precision highest: ieee on the CUDA cores "
              "(exact products); tf32x3 as three TF32 tensor-core products (a few fp32 ulps per product; the "
-             "fused loss kernel took 3.07 ms against 7.47 at size large's shape on an H200)", active_when=TRITON_TAIL_FP32),
+             "fused loss kernel took 3.07 ms against 7.47 at size large's shape on an H200)",
+         active_when=TRITON_TAIL_FP32),
     Knob("embedding_placement", "choice", "device", category="embedding", numerics="reorder",
          choices=("device", "host", "cached"),
          why="device is simplest while the tables fit in device memory; host frees it; cached keeps the hot rows "

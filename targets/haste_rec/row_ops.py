@@ -7,7 +7,6 @@ Row-wise Adagrad (FBGEMM/DLRM): state[r] += mean(g_r ** 2); w_r -= lr * g_r / (s
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.embedding_config import CPU
+from targets.worker_client import cpu_count
 
 # -- the math every mode shares -------------------------------------------------------------------
 def rowwise_adagrad(weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float,
@@ -124,7 +124,7 @@ class TableLayout:
             table.copy_(rows.mul_(std))
 
         tables = self.split(out)
-        threads = 1 if device.type != "cpu" else max(1, min(len(tables), len(os.sched_getaffinity(0))))
+        threads = 1 if device.type != "cpu" else max(1, min(len(tables), cpu_count()))
         with ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(draw, range(len(tables)), tables))
         return out

@@ -43,8 +43,8 @@ every run. The default is the sweep's best on the H200 (``benchmarks/embedding_k
 to 1024 elements, 4 up to 4096, else 8), Triton's default stages. It took the pooled forward from 0.844
 to 0.551 ms and the fused update from 3.79 to 3.34 ms against the 4096-element tile with 4 warps
 (gather-sum) and 4 or 8 (update) that the kernels launched before they were knobs. The tile sets BLOCK_N,
-the positions a gather-sum program adds per step, hence the pooled sum's and the hot-row partials' association (numerics "reorder"; BLOCK_R, the update's rows per program, does
-not change a row's sum); num_warps sets how ``tl.sum`` splits its reductions over lanes and warps
+the positions a gather-sum program adds per step, hence the pooled sum's and the hot-row partials'
+association (numerics "reorder"; BLOCK_R, the update's rows per program, does not change a row's sum); num_warps sets how ``tl.sum`` splits its reductions over lanes and warps
 ("reorder"); num_stages only changes how far the position and occurrence loops prefetch ("exact").
 
 Determinism: no atomics anywhere. Every sum runs in an order fixed by the data and the launch
@@ -111,7 +111,7 @@ class EmbeddingKernelConfig:
     and BLOCK_N = the expected segment length's next power of two capped by the tile's remaining rows;
     the update holds whole rows (BLOCK_D = next power of two of D) and BLOCK_R = tile / BLOCK_D rows,
     1 to ``MAX_BLOCK_R``.
-    num_warps: one of ``WARPS`` (auto: ``auto_warps`` of the launch's tile, for both kernels). num_stages:
+    num_warps: one of ``WARPS`` (auto: by the launch's tile, ``_warps``, for both kernels). num_stages:
     1 to 8 (auto: Triton's default).
     """
 

@@ -24,8 +24,9 @@ contiguous run of BLOCK_B rows; the kernels only see strides, so any layout stay
 - backward weight: grid (K,); dw[k] = sum over B chunks of dZ_k^T [G, BLOCK_B] @ H[:, I_k] [BLOCK_B, F].
 
 Accumulation is fp32; outputs take the input dtype. fp32 inputs use ``input_precision="ieee"`` by
-default, so results match fp32 references (no TF32); ``TailKernelConfig.fp32_precision`` (the knob
-matmul_precision="high": "tf32") lets them use the tensor cores at TF32's 10-bit mantissa. Both
+default, so results match fp32 references (no TF32); ``TailKernelConfig.fp32_precision`` lets them use
+the tensor cores: "tf32" (the knob matmul_precision="high", TF32's 10-bit mantissa) or "tf32x3" (the knob
+tail_fp32_dot, three TF32 products, a few fp32 ulps each). Both
 kernels are deterministic: every output element is written by one program, summed in a fixed order.
 
 FLOP/byte model: the minimum traffic and work are ``tail_slots.tail_forward_cost`` and
@@ -78,8 +79,8 @@ class TailKernelConfig:
     labels) but 0.205 against 0.183 at G=32 and 0.162 against 0.146 at G=64.
 
     fp32_precision: ``tl.dot``'s input precision for fp32 operands (``FP32_PRECISIONS``): "ieee" keeps exact
-    fp32 products on the CUDA cores; "tf32" and "tf32x3" use the tensor cores (a precision change, the
-    knob matmul_precision's business, never a default).
+    fp32 products on the CUDA cores (the default); "tf32" and "tf32x3" use the tensor cores ("tf32": the knob
+    matmul_precision=high, a precision change; "tf32x3": the knob tail_fp32_dot, held to the reorder band).
 
     ``resolve(..., fused_dtype=dtype)`` is the fused loss kernel's rule: it holds the forward tile, the
     loss, dz, a dW accumulator and the dX tile at once. When its ``tl.dot`` runs on the tensor cores in
