@@ -5,7 +5,9 @@ a Zipf-skewed workload touches a small hot set most of the time. `RowCache` keep
 on the device, maps host row ids to cache slots with metadata kept on the HOST (as SparseGear
 does: the id->slot map is a CPU tensor, so lookups need no device round trip), evicts by LRU or
 LFU among the slots the current batch does not use, writes victims back (they may be dirty) and
-loads missing rows in one batched host->device copy. The caller reads and updates `device_rows`
+loads missing rows in one batched host->device copy. Deciding (``plan``: host metadata only) is kept
+apart from moving (``move_rows``), so that `TableCaches` moves every table's rows at once: one
+device->host read-back per step for all tables' write-backs, not one per table. The caller reads and updates `device_rows`
 in place through the slots that `prepare` returns.
 
 `TableCaches` keeps one such cache per embedding table, all in one device buffer. The small
@@ -16,6 +18,7 @@ device->host copies are blocking because the host reads the result at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -53,6 +56,42 @@ def gather_to_device(host: torch.Tensor, index: torch.Tensor, device: torch.devi
     staged = torch.empty((index.numel(), *host.shape[1:]), dtype=host.dtype, pin_memory=True)
     torch.index_select(host, 0, index, out=staged)
     return staged.to(device, non_blocking=True)
+
+
+@dataclass
+class RowMoves:
+    """The rows one prepare moves, as host rows and device slots (CPU int64): victims written back from
+    their slots to their host rows, then missing host rows loaded into those slots."""
+
+    back_rows: torch.Tensor
+    back_slots: torch.Tensor
+    load_rows: torch.Tensor
+    load_slots: torch.Tensor
+
+    def shifted(self, row0: int, slot0: int) -> "RowMoves":
+        """The same moves in a shared row space and a shared slot buffer starting at row0 and slot0."""
+        return RowMoves(self.back_rows + row0, self.back_slots + slot0, self.load_rows + row0, self.load_slots + slot0)
+
+    @classmethod
+    def cat(cls, moves: Sequence["RowMoves"]) -> "RowMoves":
+        return cls(*(torch.cat([getattr(m, name) for m in moves]) for name in
+                     ("back_rows", "back_slots", "load_rows", "load_slots")))
+
+
+def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
+              pinned: bool) -> None:
+    """Carry out `moves`: every write-back first (one read-back from the device, the only wait), then every
+    load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
+    written-back and loaded host rows are disjoint (a row is either cached or missing)."""
+    if moves.back_slots.numel():
+        values = device_rows.index_select(0, to_device(moves.back_slots, device, pinned)).cpu()
+        host_rows.index_copy_(0, moves.back_rows, values)
+    if moves.load_rows.numel():
+        loaded = gather_to_device(host_rows, moves.load_rows, device, pinned)
+        device_rows.index_copy_(0, to_device(moves.load_slots, device, pinned), loaded)
+
+
+_NO_ROWS = torch.zeros(0, dtype=torch.int64)
 
 
 class RowCache:
@@ -109,6 +148,14 @@ class RowCache:
 
     def prepare_host(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
         """`prepare`, returning the slots on the host (for callers that batch several caches' slots)."""
+        slots, moves = self.plan(unique_rows, record)
+        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+        return slots
+
+    def plan(self, unique_rows: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, RowMoves]:
+        """The slots of `unique_rows` and the moves that make them resident, with the metadata and the
+        traffic counters already updated: the caller must carry the moves out (``move_rows``) before the
+        slots are read."""
         if unique_rows.numel() > self.capacity:
             raise ConfigError(f"{self.name} holds {self.capacity} rows but one batch needs {unique_rows.numel()} "
                               f"distinct rows; raise the cache fraction or lower the batch size")
@@ -119,37 +166,38 @@ class RowCache:
             self.step += 1
             self.hits += unique_rows.numel() - n_missing
             self.misses += n_missing
+        moves = RowMoves(_NO_ROWS, _NO_ROWS, _NO_ROWS, _NO_ROWS)
         if n_missing:
-            slots[missing] = self._load(unique_rows[missing], in_use=slots[~missing])
+            moves = self._assign(unique_rows[missing], in_use=slots[~missing])
+            slots[missing] = moves.load_slots
         if record:
             self._stamp(slots)
             self.use_count[slots] += 1
-        return slots
+        return slots, moves
 
     def flush(self) -> None:
         """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
         occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
-        self._write_back(occupied, count=False)
+        move_rows(self.host_rows, self.device_rows, RowMoves(self.row_of_slot[occupied], occupied, _NO_ROWS, _NO_ROWS),
+                  self.device, self.pinned)
 
     def counters(self) -> dict[str, float]:
         return {"hits": float(self.hits), "misses": float(self.misses), "miss_rate": self.miss_rate,
                 "bytes_h2d": float(self.bytes_h2d), "bytes_d2h": float(self.bytes_d2h)}
 
-    def _load(self, rows: torch.Tensor, in_use: torch.Tensor) -> torch.Tensor:
-        """Evict len(rows) victims outside `in_use`, load `rows` into their slots; return the slots."""
+    def _assign(self, rows: torch.Tensor, in_use: torch.Tensor) -> RowMoves:
+        """Pick len(rows) victims outside `in_use` for `rows` and update the metadata; return the moves."""
         victims = self._pick_victims(rows.numel(), in_use)
         evicted = self.row_of_slot[victims]
         held = evicted >= 0
-        self._write_back(victims[held], count=True)
         self.slot_of_row[evicted[held]] = -1
-        loaded = gather_to_device(self.host_rows, rows, self.device, self.pinned)
-        self.device_rows.index_copy_(0, to_device(victims, self.device, self.pinned), loaded)
+        self.bytes_d2h += int(held.sum()) * self.row_bytes
         self.bytes_h2d += rows.numel() * self.row_bytes
         self.slot_of_row[rows] = victims
         self.row_of_slot[victims] = rows
         self._stamp(victims)
         self.use_count[victims] = 0
-        return victims
+        return RowMoves(evicted[held], victims[held], rows, victims)
 
     def _stamp(self, slots: torch.Tensor) -> None:
         """Mark `slots` used now, in their order (a batch's rows are sorted, so this is deterministic)."""
@@ -169,15 +217,6 @@ class RowCache:
         keys[in_use] = _NEVER
         lowest = torch.topk(keys, k - fresh.numel(), largest=False, sorted=True).indices
         return torch.cat([fresh, lowest])
-
-    def _write_back(self, slots: torch.Tensor, count: bool) -> None:
-        if slots.numel() == 0:
-            return
-        rows = self.row_of_slot[slots]
-        values = self.device_rows.index_select(0, to_device(slots, self.device, self.pinned)).cpu()
-        self.host_rows.index_copy_(0, rows, values)
-        if count:
-            self.bytes_d2h += rows.numel() * self.row_bytes
 
 
 def _starts(sizes: Sequence[int]) -> list[int]:
@@ -207,9 +246,14 @@ class TableCaches:
 
     def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
         """Shared-buffer slots (on the device) of sorted, distinct shared-space rows, made resident."""
-        parts = [cache.prepare_host(unique_rows[lo:hi] - row0, record) + slot0 for cache, (lo, hi), row0, slot0
-                 in zip(self.caches, self.bounds(unique_rows), self.row_starts, self.slot_starts)]
-        return to_device(torch.cat(parts), self.device, self.pinned)
+        slots, moves = [], []
+        for cache, (lo, hi), row0, slot0 in zip(self.caches, self.bounds(unique_rows), self.row_starts,
+                                                self.slot_starts):
+            table_slots, table_moves = cache.plan(unique_rows[lo:hi] - row0, record)
+            slots.append(table_slots + slot0)
+            moves.append(table_moves.shifted(row0, slot0))
+        move_rows(self.host_rows, self.device_rows, RowMoves.cat(moves), self.device, self.pinned)
+        return to_device(torch.cat(slots), self.device, self.pinned)
 
     def flush(self) -> None:
         for cache in self.caches:

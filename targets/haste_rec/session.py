@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
+from targets.haste_rec.haste import check_backend_device
 from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
 from targets.haste_rec.model import HasteRecModel
 from targets.haste_rec.optimizers import Optimizers, grad_norms
+from targets.haste_rec.row_ops import TableLayout
 from targets.haste_rec.sizes import HasteRecSize
 from targets.haste_rec.work_model import step_work
 from targets.protocol import PhaseTimer, PhaseWork, sequence_digest
@@ -36,6 +38,22 @@ def _ones_at(targets: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> t
     return targets.view(-1).index_fill_(0, rows * targets.shape[1] + cols, 1.0).view_as(targets)
 
 
+def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: torch.device) -> DeviceBatches:
+    """The batch stream per the data knobs, built before anything large exists in this process.
+
+    Building it starts the loader's worker processes, forked from this one. Forked after the embedding
+    tables exist, they would share the host tables' pages copy-on-write, and every row the host optimizer
+    wrote afterwards would copy its page first: on a 2 GB table, random row writes ran 5-14x slower for
+    many steps after a fork (until every page was copied, doubling the memory). `source` is what the
+    stream draws from: the data, or a rank's share of each batch in a sharded run.
+    """
+    layout = TableLayout(tuple(int(r) for r in size.table_rows))
+    return DeviceBatches(source, device, workers=config["data_workers"],
+                         pin_memory=config["pin_memory"], prefetch=config["prefetch_to_device"],
+                         sparse_on_device=config["embedding_placement"] == "device",
+                         prepare=layout.pack if config["pack_batches"] else None)
+
+
 class HasteRecSession:
     """A built config of haste_rec, ready to train (see targets.protocol.Session)."""
 
@@ -45,6 +63,8 @@ class HasteRecSession:
                  device: torch.device, seed: int):
         self.data, self.size, self.config, self.device = data, size, dict(config), device
         self.batch_size = size.batch_size
+        check_backend_device(config["tail_backend"], device)  # a config error before any process starts
+        self.batches = loader_first(data, size, config, device)
         self.model = HasteRecModel(data, size, config, kernels, device, seed)
         self.timer = PhaseTimer(device)
         precision = config["precision"]
@@ -58,10 +78,6 @@ class HasteRecSession:
         self.encoder = torch.compile(self.model.encoder) if config["compile_encoder"] else self.model.encoder
         self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output
-        self.batches = DeviceBatches(data, device, workers=config["data_workers"], pin_memory=config["pin_memory"],
-                                     prefetch=config["prefetch_to_device"],
-                                     sparse_on_device=config["embedding_placement"] == "device",
-                                     prepare=self.model.embeddings.layout.pack if config["pack_batches"] else None)
         self.record_grad_norms = False  # the worker's numerics mode turns this on (it costs a sync per step)
         self._grad_norms: dict[str, float] = {}
         self.valid = out.valid_mask.to(device)

@@ -2,11 +2,13 @@
 and data-loading knob trains along the baseline's trajectory within its declared numerics class,
 and semantic grouping beats random grouping on P@1."""
 
+import multiprocessing
 import statistics
 
 import pytest
 import torch
 
+from targets.haste_rec.embeddings import EmbeddingStore
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import tail_kernel_config
 from targets.haste_rec.session import _ones_at
@@ -77,6 +79,22 @@ def test_data_workers_give_identical_batches():
     reference, _ = train({})
     losses, _ = train({"data_workers": 2})
     assert losses == reference
+
+
+def test_loader_workers_are_forked_before_the_tables_exist(monkeypatch):
+    """Forked later, the workers would share the host tables' pages copy-on-write, and every row the host
+    optimizer writes would first copy its page (see session.loader_first)."""
+    workers_alive = []
+    real_init = EmbeddingStore.__init__
+
+    def spy(self, *args, **kwargs):
+        workers_alive.append(len(multiprocessing.active_children()))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(EmbeddingStore, "__init__", spy)
+    build(KNOB_SPACE.resolve({"data_workers": 2, "embedding_placement": "host", "embedding_grad_mode": "sparse"}),
+          "tiny", {}, "cpu", 0)
+    assert workers_alive == [2]
 
 
 @pytest.mark.parametrize("extra", [{}, {"data_workers": 2},

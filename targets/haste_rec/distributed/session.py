@@ -46,10 +46,9 @@ from targets.haste_rec.distributed.process_group import RankContext
 from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings,
                                                              TableWiseEmbeddings)
 from targets.haste_rec.distributed.sharded_tail import LabelGroupTail
-from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.model import cache_plan_inputs, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
-from targets.haste_rec.session import HasteRecSession
+from targets.haste_rec.session import HasteRecSession, loader_first
 from targets.haste_rec.sizes import HasteRecSize
 from targets.protocol import ConfigError, PhaseTimer
 
@@ -86,6 +85,10 @@ class ShardedSession:
         self.batch_size = size.batch_size  # the global batch
         self.samples = sample_counts(size.batch_size, ctx.world_size)
         self.timer = PhaseTimer(self.device)
+        start = sum(self.samples[:ctx.rank])
+        # The loader first (see loader_first); unpacked, as the sharded exchange takes per-table bags.
+        self.batches = loader_first(RankSamples(data, start, start + self.samples[ctx.rank]), size,
+                                    {**config, "pack_batches": False}, self.device)
         self.embeddings = self._build_embeddings(data, size, config, seed)
         self.tail = LabelGroupTail.join(plan, ctx) if plan.tail_sharding == "label-groups" else None
         self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer, self.tail)
@@ -93,11 +96,6 @@ class ShardedSession:
         self.autocast = config["precision"] == "bf16-autocast"
         self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output
-        start = sum(self.samples[:ctx.rank])
-        self.batches = DeviceBatches(RankSamples(data, start, start + self.samples[ctx.rank]), self.device,
-                                     workers=config["data_workers"], pin_memory=config["pin_memory"],
-                                     prefetch=config["prefetch_to_device"],
-                                     sparse_on_device=config["embedding_placement"] == "device")
         self.record_grad_norms = False
         self._grad_norms: dict[str, float] = {}
         self.local_loss = math.nan  # this rank's share of the last step's loss
