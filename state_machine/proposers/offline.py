@@ -10,7 +10,8 @@ Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is sk
 whose ``requires`` the resolved incumbent does not meet (a tail rule never proposes a backend the
 incumbent already went past: from the fused Triton tail, the autograd one is a step back). For any
 target, a generic fallback then sweeps the other values of the knobs whose category matches a
-finding (``CATEGORY_KNOBS``), at a low plausibility, so a user's own target is searched too.
+finding (``CATEGORY_KNOBS``), a low plausibility shared among the values of a finding's sweep, so a user's
+own target is searched too.
 
 Learning within the run: a change that was rejected is not proposed again, nor any part of it (a
 rejected ``{a, b}`` rules out ``{a}``), but a larger change that holds it is: host tables with a fused
@@ -207,23 +208,30 @@ def _values(knob: Knob) -> tuple[Any, ...]:
 
 
 def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
+    """One proposal per sweep value; a finding's sweep shares GENERIC_PLAUSIBILITY among its values (a blind
+    sweep of n values holds one winner at best), so a big finding's long sweep does not go before the rules
+    that answer a smaller one."""
     device = state.device.split(":")[0]
     current = space.resolve(state.incumbent.config)
     past = _went_past(state, space)
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
-        for knob in space.tunable(state.ranks):
-            if knob.category not in categories or not knob.is_active(current):
-                continue
-            for value in _values(knob):
-                pair = (knob.name, repr(value))
-                if (device not in DEVICE_ONLY.get(pair, (device,)) or pair in past
-                        or current[knob.name] not in STEPS_FORWARD.get(pair, (current[knob.name],))):
-                    continue
-                yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",
-                               expected_gain=_gain(finding, GENERIC_PLAUSIBILITY),
-                               rationale=f"sweep {knob.name} = {value!r} ({knob.why})"
-                                         + (f"; {finding.category}: {finding.evidence}" if finding else ""))
+        values = [(knob, value) for knob in space.tunable(state.ranks)
+                  if knob.category in categories and knob.is_active(current) for value in _values(knob)
+                  if _sweepable(knob, value, current, device, past)]
+        for knob, value in values:
+            yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",
+                           expected_gain=_gain(finding, GENERIC_PLAUSIBILITY / len(values)),
+                           rationale=f"sweep {knob.name} = {value!r} ({knob.why})"
+                                     + (f"; {finding.category}: {finding.evidence}" if finding else ""))
+
+
+def _sweepable(knob: Knob, value: Any, current: Mapping[str, Any], device: str, past: set[tuple[str, str]]) -> bool:
+    """A change, not a device-only value elsewhere, not a value the incumbent went past, not one a rule proposes only from
+    elsewhere."""
+    pair = (knob.name, repr(value))
+    return (value != current[knob.name] and device in DEVICE_ONLY.get(pair, (device,)) and pair not in past
+            and current[knob.name] in STEPS_FORWARD.get(pair, (current[knob.name],)))
 
 
 def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:

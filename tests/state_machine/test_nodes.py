@@ -236,21 +236,15 @@ def test_a_rejected_change_still_allows_a_larger_one_that_holds_it(state, ctx):
     assert all(p.patch != {"embedding_grad_mode": "fused"} for p in proposals)  # the rejected change itself: no
 
 
-H200_LARGE = Path(__file__).parents[1] / "fixtures" / "h200_large_after_10.json"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "sparse"}  # haste_rec_large_cached.toml
 
 
-def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
-    """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
-    that run's history up to #12: the proposer now offers 3xTF32 and packed batches before any sweep, and
-    sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6, x1.2 slower)."""
-    result = ProfileResult.model_validate_json(H200_LARGE.read_text())
-    steps = [(1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
-             (3, {"data_workers": 2}, True), (4, {"compile_encoder": True}, False),
-             (5, {"pin_memory": True, "prefetch_to_device": True}, True), (6, {"precision": "bf16-autocast"}, False),
-             (7, {"matmul_precision": "high"}, False), (8, {"embedding_backend": "triton"}, False),
-             (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
-             (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)]
-    history, config, incumbent = [], {}, None
+def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
+    """The state of a real H200 run: its history from `steps` (id, patch, accepted), each candidate measured
+    against the incumbent of its time, and the findings of `profile` (that run's profile of its incumbent)."""
+    result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
+    history, config, incumbent = [], dict(base), None
     for cid, patch, accepted in steps:
         history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
                                  config={**config, **patch},
@@ -259,36 +253,55 @@ def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches
             config, incumbent = {**config, **patch}, cid
     resolved = ctx.target.knob_space.resolve(config)
     assert {k: resolved[k] for k in config} == {k: result.config[k] for k in config}  # the profile's own config
-    at = state.model_copy(update={
-        "device": "cuda", "size": "large", "history": history,
+    return state.model_copy(update={
+        "device": "cuda", "size": size, "baseline_config": base, "history": history,
         "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent}),
         "findings": profile_findings(result.coarse, None, result.counters, resolved)})
+
+
+def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
+    """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
+    that run's history up to #12: the proposer now offers 3xTF32 and packed batches before any sweep, and
+    sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6, x1.2 slower)."""
+    at = replayed(state, ctx, "h200_large_after_10.json", "large", {}, [
+        (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
+        (3, {"data_workers": 2}, True), (4, {"compile_encoder": True}, False),
+        (5, {"pin_memory": True, "prefetch_to_device": True}, True), (6, {"precision": "bf16-autocast"}, False),
+        (7, {"matmul_precision": "high"}, False), (8, {"embedding_backend": "triton"}, False),
+        (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
+        (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
     assert [p.proposer for p in proposals[:2]] == ["offline:tf32x3-tail", "offline:packed-batches"]
     assert not any("tail_backend" in p.patch for p in proposals)
 
 
 def test_the_h200_large_cached_run_reaches_the_device_cache(state, ctx):
-    """Replayed on the real profile of the 2026-11-30 `large-cached` run after its one win (#2, the Triton
-    tail) with its history to #3 (the fused update on host tables, 1.11: rejected): the device cache with the
-    fused update, which that run never tried, is among the next three proposals."""
-    result = ProfileResult.model_validate_json(
-        (Path(__file__).parents[1] / "fixtures" / "h200_large_cached_after_2.json").read_text())
-    base = {"embedding_placement": "host", "embedding_grad_mode": "sparse"}  # examples/haste_rec_large_cached.toml
-    config = {**base, "tail_backend": "triton"}
-    history = [Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent, config={**before, **patch},
-                         verdict=Verdict(accepted=cid == 2, stage="measure", reason="as in that run"))
-               for cid, patch, incumbent, before in ((1, {"tail_backend": "triton-fused-loss"}, None, base),
-                                                     (2, {"tail_backend": "triton"}, None, base),
-                                                     (3, {"embedding_grad_mode": "fused"}, 2, config))]
-    resolved = ctx.target.knob_space.resolve(config)
-    at = state.model_copy(update={
-        "device": "cuda", "size": "large-cached", "baseline_config": base, "history": history,
-        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": 2}),
-        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
+    """Replayed on the real profile of the first 2026-11-30 `large-cached` run after its one win (#2, the
+    Triton tail) with its history to #3 (the fused update on host tables, 1.11: rejected): the device cache
+    with the fused update, which that run never tried, is among the next three proposals."""
+    at = replayed(state, ctx, "h200_large_cached_after_2.json", "large-cached", LARGE_CACHED_BASE, [
+        (1, {"tail_backend": "triton-fused-loss"}, False), (2, {"tail_backend": "triton"}, True),
+        (3, {"embedding_grad_mode": "fused"}, False)])
     proposals = propose_offline(at, ctx, limit=3)
     assert {"embedding_placement": "cached", "embedding_grad_mode": "fused"} in [p.patch for p in proposals]
     assert all(p.patch != {"embedding_grad_mode": "fused"} for p in propose_offline(at, ctx, limit=200))
+
+
+def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_sweeps(state, ctx):
+    """Replayed on the real profile of the second 2026-11-30 `large-cached` run after its one win (#1, the
+    fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
+    optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
+    sweep's plausibility is shared among its values: the loader workers are among the next three."""
+    at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
+        (1, {"tail_backend": "triton-fused-loss"}, True),
+        (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, False),
+        (3, {"optimizer_impl": "fused"}, False), (4, {"compile_encoder": True}, False),
+        (5, {"optimizer_impl": "foreach"}, False), (6, {"tail_fp32_dot": "tf32x3"}, False),
+        (7, {"precision": "bf16-autocast"}, False), (8, {"matmul_precision": "high"}, False)])
+    proposals = propose_offline(at, ctx, limit=200)
+    assert {"data_workers": 2} in [p.patch for p in proposals[:3]]
+    first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
+    assert first_sweep == 5  # the five rules the findings still trigger go first
 
 
 def test_user_settings_are_never_tuned(state, ctx):
