@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
-from targets.haste_rec.row_cache import TableCaches, gather_to_device, should_pin, to_device
+from targets.haste_rec.row_cache import TableCaches, gather_to_device, should_pin, to_device, to_host
 from targets.haste_rec.row_ops import (Lookup, TableLayout, apply_rowwise_adagrad_, coalesce_rows, make_lookup,
                                        pool, row_gradients)
 
@@ -181,7 +181,8 @@ class _HostRows(_Rows):
     def update(self, rows, grads):
         if not self.cfg.pool_on_host:  # row gradients were formed on the device: they come down
             self.bytes_d2h += grads.numel() * grads.element_size()
-        apply_rowwise_adagrad_(self.weight, rows, self.state, rows, grads.cpu(), self.cfg.lr, self.cfg.eps)
+        apply_rowwise_adagrad_(self.weight, rows, self.state, rows, to_host(grads, self.pinned), self.cfg.lr,
+                               self.cfg.eps)
 
     def snapshot(self):
         return self.weight.clone(), self.state.clone()

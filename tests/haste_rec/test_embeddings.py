@@ -147,6 +147,16 @@ def test_cache_fractions_and_pinning_do_not_change_the_numbers():
         assert_same(train(cfg, cpu), want, exact=True)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host memory needs CUDA")
+@pytest.mark.parametrize("placement", ["host", "cached"])
+def test_pinned_host_rows_and_gradients_give_the_same_numbers_on_cuda(placement: str):
+    """Pinned, the rows go up and the gradients and evicted rows come down through page-locked buffers."""
+    cuda = torch.device("cuda")
+    cfg = replace(BASE, placement=placement, grad_mode="sparse" if placement == "host" else "fused",
+                  cache_fraction=0.01, opt_state_cache_fraction=0.01)  # small caches: rows are written back
+    assert_same(train(replace(cfg, pin_memory=True), cuda), train(cfg, cuda), exact=True)
+
+
 # -- counters ------------------------------------------------------------------------------------
 UNIQUE_LOOKUPS = sum(int(b.ids[t].unique().numel()) for b in BATCHES for t in range(len(TABLE_ROWS)))
 
