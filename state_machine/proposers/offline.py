@@ -227,8 +227,8 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
 
 
 def _sweepable(knob: Knob, value: Any, current: Mapping[str, Any], device: str, past: set[tuple[str, str]]) -> bool:
-    """A change, not a device-only value elsewhere, not a value the incumbent went past, not one a rule proposes only from
-    elsewhere."""
+    """A change, not a device-only value elsewhere, not a value the incumbent went past, and not one a rule
+    proposes only from elsewhere."""
     pair = (knob.name, repr(value))
     return (value != current[knob.name] and device in DEVICE_ONLY.get(pair, (device,)) and pair not in past
             and current[knob.name] in STEPS_FORWARD.get(pair, (current[knob.name],)))

@@ -6,12 +6,12 @@ on the device, maps host row ids to cache slots with metadata kept on the HOST (
 does: the id->slot map is a CPU tensor, so lookups need no device round trip), evicts by LRU or
 LFU among the slots the current batch does not use, writes victims back (they may be dirty) and
 loads missing rows in one batched host->device copy. Deciding (``plan``: host metadata only) is kept
-apart from moving (``move_rows``), so that `TableCaches` moves every table's rows at once: one
-device->host read-back per step for all tables' write-backs, not one per table. The caller reads and updates `device_rows`
+apart from moving (``move_rows``), so that several caches' rows can move at once: one device->host
+read-back for all tables' write-backs, not one per table. The caller reads and updates `device_rows`
 in place through the slots that `prepare` returns.
 
-`TableCaches` keeps one such cache per embedding table, all in one device buffer. The small
-transfer helpers used by every host-resident store live here too, so pinned-memory and
+``table_caches.TableCaches`` keeps every embedding table's cache at once, with exactly RowCache's
+decisions per table. The small transfer helpers used by every host-resident store live here too, so pinned-memory and
 non-blocking rules are written down once: a copy is non-blocking only from pinned memory, and
 device->host copies are blocking because the host reads the result at once (into pinned memory when
 the store is pinned).
@@ -27,8 +27,8 @@ import torch
 from targets.protocol import ConfigError
 
 EVICTIONS = ("lru", "lfu")
-_NEVER = torch.iinfo(torch.int64).max  # eviction key of a slot the current batch uses
-_CLOCK_BITS = 40  # LFU key = use count << 40 | use stamp: exact below 2**40 stamps and 2**23 uses of a slot
+NEVER = torch.iinfo(torch.int64).max  # eviction key of a slot the current batch uses
+CLOCK_BITS = 40  # LFU key = use count << 40 | use stamp: exact below 2**40 stamps and 2**23 uses of a slot
 
 
 def should_pin(requested: bool, device: torch.device) -> bool:
@@ -226,53 +226,7 @@ class RowCache:
         if fresh.numel() == k:
             return fresh
         recency = self.last_use[:occupied]
-        keys = recency.clone() if self.eviction == "lru" else (self.use_count[:occupied] << _CLOCK_BITS) | recency
-        keys[in_use] = _NEVER
+        keys = recency.clone() if self.eviction == "lru" else (self.use_count[:occupied] << CLOCK_BITS) | recency
+        keys[in_use] = NEVER
         lowest = torch.topk(keys, k - fresh.numel(), largest=False, sorted=True).indices
         return torch.cat([fresh, lowest])
-
-
-def _starts(sizes: Sequence[int]) -> list[int]:
-    return [sum(sizes[:i]) for i in range(len(sizes))]
-
-
-class TableCaches:
-    """One RowCache per table over its slice of a shared host row space (table t's rows follow
-    table t-1's), all of them slices of one device buffer: a batch of every table is then read and
-    updated through shared slot numbers in one operation, whatever the number of tables."""
-
-    def __init__(self, host_rows: torch.Tensor, table_rows: Sequence[int], capacities: Sequence[int], eviction: str,
-                 device: torch.device, pin_memory: bool = False, name: str = "cache"):
-        self.host_rows, self.device, self.capacities = host_rows, device, list(capacities)
-        self.pinned = should_pin(pin_memory, device)
-        self.row_starts, self.slot_starts = _starts(table_rows), _starts(capacities)
-        self.device_rows = torch.zeros(sum(capacities), host_rows.shape[1], dtype=host_rows.dtype, device=device)
-        hosts, slots = torch.split(host_rows, list(table_rows)), torch.split(self.device_rows, self.capacities)
-        self.caches = [RowCache(host, cap, eviction, device, pin_memory, f"table {t} {name}", dev)
-                       for t, (host, cap, dev) in enumerate(zip(hosts, capacities, slots))]
-
-    def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
-        """[lo, hi) of each table's rows within sorted shared-space rows."""
-        edges = torch.tensor(self.row_starts + [self.host_rows.shape[0]])
-        edges = torch.searchsorted(sorted_rows, edges).tolist()
-        return list(zip(edges[:-1], edges[1:]))
-
-    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
-        """Shared-buffer slots (on the device) of sorted, distinct shared-space rows, made resident."""
-        slots, moves = [], []
-        for cache, (lo, hi), row0, slot0 in zip(self.caches, self.bounds(unique_rows), self.row_starts,
-                                                self.slot_starts):
-            table_slots, table_moves = cache.plan(unique_rows[lo:hi] - row0, record)
-            slots.append(table_slots + slot0)
-            moves.append(table_moves.shifted(row0, slot0))
-        move_rows(self.host_rows, self.device_rows, RowMoves.cat(moves), self.device, self.pinned)
-        return to_device(torch.cat(slots), self.device, self.pinned)
-
-    def flush(self) -> None:
-        for cache in self.caches:
-            cache.flush()
-
-    def counters(self) -> dict[str, float]:
-        """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
-        per_table = [cache.counters() for cache in self.caches]
-        return {key: sum(c[key] for c in per_table) for key in ("hits", "misses", "bytes_h2d", "bytes_d2h")}

@@ -44,8 +44,8 @@ def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: 
     Building it starts the loader's worker processes, forked from this one. Forked after the embedding
     tables exist, they would share the host tables' pages copy-on-write, and every row the host optimizer
     wrote afterwards would copy its page first: random row writes into a 1.9 GiB table ran 7-27x slower for
-    the 8 steps after a fork (``benchmarks/fork_cow.py``), until every page is copied and the memory doubled. `source` is what the
-    stream draws from: the data, or a rank's share of each batch in a sharded run.
+    the 8 steps after a fork (``benchmarks/fork_cow.py``), until every page is copied and the memory doubled.
+    `source` is what the stream draws from: the data, or a rank's share of each batch in a sharded run.
     """
     layout = TableLayout(tuple(int(r) for r in size.table_rows))
     return DeviceBatches(source, device, workers=config["data_workers"],

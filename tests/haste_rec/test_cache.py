@@ -13,7 +13,8 @@ import torch
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.cache_plan import expected_miss_rate, plan_by_frequency, plan_uniform
-from targets.haste_rec.row_cache import RowCache, TableCaches
+from targets.haste_rec.row_cache import RowCache
+from targets.haste_rec.table_caches import TableCaches
 from targets.protocol import ConfigError
 
 CPU = torch.device("cpu")
@@ -163,6 +164,44 @@ def test_table_caches_share_one_device_buffer():
     caches.prepare(rows(12, 13))                              # ...written back when table 1 evicts row 11
     assert host[11].tolist() == [-1.0, -1.0]
     assert caches.counters() == {"hits": 0, "misses": 7, "bytes_h2d": 56, "bytes_d2h": 16}
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+@pytest.mark.parametrize("capacities", [[300, 300, 300], [500, 120, 260]], ids=["uniform", "planned"])
+def test_table_caches_decide_exactly_as_one_row_cache_per_table(eviction, capacities):
+    """TableCaches prepares all tables with whole-array operations; replayed on Zipf batches beside one
+    RowCache per table, it picks the same slots, evicts the same rows and moves the same bytes, also when the
+    lookup path (record) and the update path (no record) alternate and the cached rows are written to."""
+    table_rows = [2000, 600, 1300]
+    data = ZipfBatches(table_rows, [0.8, 1.2, 1.0], batch_size=40, max_bag=4, seed=11)
+    starts = [0, 2000, 2600]
+    host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(0))
+    ref_host = host.clone()
+    together = TableCaches(host, table_rows, capacities, eviction, CPU)
+    alone = [RowCache(part, cap, eviction, CPU) for part, cap in zip(torch.split(ref_host, table_rows), capacities)]
+    for i, batch in enumerate(data.batches(0, 40)):
+        unique = [torch.unique(ids) for ids in batch.ids]
+        for record in (True, False):
+            got = together.prepare(torch.cat([u + s for u, s in zip(unique, starts)]), record=record)
+            want = torch.cat([c.prepare(u, record=record) + sum(capacities[:t]) for t, (c, u)
+                              in enumerate(zip(alone, unique))])
+            assert torch.equal(got, want), (i, record)
+        together.device_rows[got] += 1.0  # an update: dirty rows must be written back on eviction
+        for t, c in enumerate(alone):
+            c.device_rows[want[sum(len(u) for u in unique[:t]):][:len(unique[t])] - sum(capacities[:t])] += 1.0
+    assert together.counters() == {key: sum(c.counters()[key] for c in alone)
+                                   for key in ("hits", "misses", "bytes_h2d", "bytes_d2h")}
+    assert together.counters()["bytes_d2h"] > 0  # rows were evicted and written back
+    together.flush()
+    for c in alone:
+        c.flush()
+    assert torch.equal(host, ref_host)
+
+
+def test_table_caches_name_the_table_a_batch_overflows():
+    caches = TableCaches(torch.zeros(15, 1), [10, 5], [3, 2], "lru", CPU)
+    with pytest.raises(ConfigError, match="table 1 cache holds 2 rows but one batch needs 3"):
+        caches.prepare(rows(1, 11, 12, 13))
 
 
 def test_update_path_prepare_is_not_counted():

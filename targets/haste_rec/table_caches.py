@@ -1,0 +1,171 @@
+"""Every embedding table's device cache at once: SparseGear's device level over a shared host row space.
+
+Each table t has its own cache of capacities[t] rows and evicts among its own slots, exactly as one
+``RowCache`` per table would (``tests/haste_rec/test_cache.py`` replays both and compares every slot,
+eviction and counter). But the metadata of all tables sits in shared host arrays, so a batch is prepared
+with one set of whole-array operations, not one set per table (26 at size large), and the victims of every
+table come from one ``topk`` over a [tables, capacity] view of the eviction keys, not one per table. All
+tables' slots are slices of one device buffer, so a batch of every table is read and updated through
+shared slot numbers in one operation; rows move with one read-back and one load per prepare (``move_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, should_pin, to_device
+from targets.protocol import ConfigError
+
+
+def _starts(sizes: Sequence[int]) -> list[int]:
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """cat(arange(s, s + c) for s, c in zip(starts, counts)) without a Python loop."""
+    total = int(counts.sum())
+    group_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts, output_size=total)
+    return torch.repeat_interleave(starts, counts, output_size=total) + torch.arange(total) - group_start
+
+
+class TableCaches:
+    """Per-table device caches of `capacities` rows over `host_rows` [sum(table_rows), width], whose table t
+    holds rows [starts[t], starts[t] + table_rows[t]) (table t's rows follow table t-1's)."""
+
+    def __init__(self, host_rows: torch.Tensor, table_rows: Sequence[int], capacities: Sequence[int], eviction: str,
+                 device: torch.device, pin_memory: bool = False, name: str = "cache"):
+        if eviction not in EVICTIONS:
+            raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
+        for t, (rows, cap) in enumerate(zip(table_rows, capacities)):
+            if not 1 <= cap <= rows:
+                raise ConfigError(f"table {t} {name} capacity must lie in [1, {rows}] rows, not {cap}")
+        self.host_rows, self.device, self.eviction, self.name = host_rows, device, eviction, name
+        self.capacities, self.row_starts = list(capacities), _starts(table_rows)
+        self.pinned = should_pin(pin_memory, device)
+        self.device_rows = torch.zeros(sum(capacities), host_rows.shape[1], dtype=host_rows.dtype, device=device)
+        tables = len(table_rows)
+        self.caps = torch.tensor(self.capacities)
+        self.slot_start = torch.tensor(_starts(capacities))
+        self.row_edges = torch.tensor(self.row_starts[1:])  # bucketize(row, edges, right=True) is its table
+        slots = sum(capacities)
+        self.slot_of_row = torch.full((host_rows.shape[0],), -1, dtype=torch.int64)
+        self.row_of_slot = torch.full((slots,), -1, dtype=torch.int64)
+        self.last_use = torch.zeros(slots, dtype=torch.int64)  # one clock for all tables: order within each is kept
+        self.use_count = torch.zeros(slots, dtype=torch.int64)
+        self.clock = 0
+        self.filled = torch.zeros(tables, dtype=torch.int64)  # table t's slots [0, filled[t]) hold rows
+        self.width = max(capacities)  # the eviction keys as [tables, width]; narrower tables padded with NEVER
+        table_of_slot = torch.repeat_interleave(torch.arange(tables), self.caps)
+        local = torch.arange(slots) - self.slot_start[table_of_slot]
+        self.uniform = len(set(self.capacities)) == 1
+        self.padded_position = table_of_slot * self.width + local
+        self.local_of_slot = local
+        self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
+        self.row_bytes = host_rows.shape[1] * host_rows.element_size()
+
+    def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
+        """[lo, hi) of each table's rows within sorted shared-space rows."""
+        edges = torch.tensor(self.row_starts + [self.host_rows.shape[0]])
+        edges = torch.searchsorted(sorted_rows, edges).tolist()
+        return list(zip(edges[:-1], edges[1:]))
+
+    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """Shared-buffer slots (on the device) of sorted, distinct shared-space rows, made resident.
+
+        `record` counts hits and misses and refreshes recency/frequency (the lookup path); the update path
+        passes False so that touching the same rows again is not counted twice.
+        """
+        table = torch.bucketize(unique_rows, self.row_edges, right=True)
+        self._check_fits(torch.bincount(table, minlength=len(self.capacities)))
+        slots = self.slot_of_row.index_select(0, unique_rows)
+        missing = (slots < 0).nonzero().squeeze(1)
+        n_missing = missing.numel()
+        if record:
+            self.hits += unique_rows.numel() - n_missing
+            self.misses += n_missing
+        moves = None
+        if n_missing:
+            rows = unique_rows.index_select(0, missing)
+            victims = self._victims(table.index_select(0, missing), in_use=slots[slots >= 0])
+            evicted = self.row_of_slot.index_select(0, victims)
+            held = (evicted >= 0).nonzero().squeeze(1)
+            self.slot_of_row.index_fill_(0, evicted.index_select(0, held), -1)
+            self.bytes_d2h += held.numel() * self.row_bytes
+            self.bytes_h2d += n_missing * self.row_bytes
+            self.slot_of_row.index_copy_(0, rows, victims)
+            self.row_of_slot.index_copy_(0, victims, rows)
+            self._stamp(victims)
+            self.use_count.index_fill_(0, victims, 0)
+            slots.index_copy_(0, missing, victims)
+            moves = RowMoves(evicted.index_select(0, held), victims.index_select(0, held), rows, victims)
+        if record:
+            self._stamp(slots)
+            self.use_count[slots] += 1
+        if moves is not None:
+            move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+        return to_device(slots, self.device, self.pinned)
+
+    def _check_fits(self, needed: torch.Tensor) -> None:
+        over = (needed > self.caps).nonzero()
+        if over.numel():
+            t = int(over[0])
+            raise ConfigError(f"table {t} {self.name} holds {self.capacities[t]} rows but one batch needs "
+                              f"{int(needed[t])} distinct rows; raise the cache fraction or lower the batch size")
+
+    def _victims(self, table_of_missing: torch.Tensor, in_use: torch.Tensor) -> torch.Tensor:
+        """A slot for each missing row (grouped by table, in row order): per table its empty slots first, then
+        the occupied slots outside `in_use` with the lowest eviction keys, lowest first (RowCache's order)."""
+        wanted = torch.bincount(table_of_missing, minlength=len(self.capacities))
+        fresh_n = torch.minimum(wanted, self.caps - self.filled)
+        evict_n = wanted - fresh_n
+        fresh = _ranges(self.slot_start + self.filled, fresh_n)
+        occupied = self.filled.clone()
+        self.filled += fresh_n
+        parts, tables = [fresh], [torch.repeat_interleave(torch.arange(len(self.capacities)), fresh_n)]
+        if int(evict_n.sum()):
+            evicting = evict_n.nonzero().squeeze(1)
+            lowest = self._lowest_keys(evicting, int(evict_n.max()), occupied, in_use)
+            take = torch.arange(lowest.shape[1]) < evict_n[evicting].unsqueeze(1)
+            parts.append((lowest + self.slot_start[evicting].unsqueeze(1))[take])
+            tables.append(evicting.unsqueeze(1).expand_as(lowest)[take])
+        victims, table = torch.cat(parts), torch.cat(tables)
+        fresh_first = torch.cat([torch.zeros(fresh.numel(), dtype=torch.int64),
+                                 torch.ones(victims.numel() - fresh.numel(), dtype=torch.int64)])
+        return victims[torch.argsort(table * 2 + fresh_first, stable=True)]
+
+    def _lowest_keys(self, evicting: torch.Tensor, k: int, occupied: torch.Tensor,
+                     in_use: torch.Tensor) -> torch.Tensor:
+        """[len(evicting), k]: local slots of each evicting table with the lowest eviction keys, lowest first,
+        among its slots that held a row before this prepare and are not `in_use` (whole-array index fills on
+        a fresh key array: boolean-mask indexing over every slot costs several times more)."""
+        keys = self.last_use.clone() if self.eviction == "lru" else (self.use_count << CLOCK_BITS) | self.last_use
+        keys.index_fill_(0, in_use, NEVER)
+        if bool((occupied[evicting] < self.caps[evicting]).any()):  # a table filling up: empty slots are no victims
+            keys.masked_fill_(self.local_of_slot >= torch.repeat_interleave(occupied, self.caps), NEVER)
+        if self.uniform:
+            keys2d = keys.view(-1, self.width)
+        else:
+            keys2d = torch.full((len(self.capacities) * self.width,), NEVER, dtype=torch.int64)
+            keys2d = keys2d.index_copy_(0, self.padded_position, keys).view(-1, self.width)
+        if evicting.numel() < keys2d.shape[0]:  # after the warm-up every table evicts: no copy then
+            keys2d = keys2d.index_select(0, evicting)
+        return torch.topk(keys2d, k, dim=1, largest=False, sorted=True).indices
+
+    def _stamp(self, slots: torch.Tensor) -> None:
+        """Mark `slots` used now, in their order (a batch's rows are sorted, so this is deterministic)."""
+        self.last_use[slots] = torch.arange(self.clock, self.clock + slots.numel())
+        self.clock += slots.numel()
+
+    def flush(self) -> None:
+        """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
+        occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
+        empty = torch.zeros(0, dtype=torch.int64)
+        move_rows(self.host_rows, self.device_rows, RowMoves(self.row_of_slot[occupied], occupied, empty, empty),
+                  self.device, self.pinned)
+
+    def counters(self) -> dict[str, float]:
+        """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
+        return {"hits": float(self.hits), "misses": float(self.misses), "bytes_h2d": float(self.bytes_h2d),
+                "bytes_d2h": float(self.bytes_d2h)}
