@@ -42,7 +42,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from profilers.records import CoarseProfile, OpTime, PhaseTime
 from targets.protocol import Session
-from targets.worker import NonFiniteLoss
+from targets.worker import NonFiniteLoss, banked_steps
 
 STEP_RANGE = "sg-opt/profiled-step"  # marks each timed step in the trace; the window the analysis reads
 TOP_OPS = 15
@@ -311,7 +311,7 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
         raise ValueError("profile at least one step")
     device = torch.device(device)
     on_cuda = device.type == "cuda"
-    for _ in range(warmup):
+    for _ in range(warmup + banked_steps(session)):  # what the loader banked while the session was built
         session.step()
     _sync(device)
     unprofiled_before, _ = _timed_steps(session, steps, device)

@@ -218,9 +218,12 @@ class KernelSlot:
 class Session(Protocol):
     """One built configuration of a target, ready to train.
 
-    Optional: ``work_model(bus_bytes_per_step)`` (each phase's least work, for the roofline floor) and
+    Optional: ``work_model(bus_bytes_per_step)`` (each phase's least work, for the roofline floor),
     ``perturb(relative, seed)`` (multiply every dense parameter by 1 +- relative, signs drawn from
-    seed: how the agent measures how far the workload carries a rounding-sized difference).
+    seed: how the agent measures how far the workload carries a rounding-sized difference), and
+    ``banked_steps`` (an int: how many steps' input the session can prepare ahead while it is not stepping,
+    e.g. batches queued by loader workers; every timed window first runs that many steps untimed, see
+    ``targets.worker.banked_steps``).
     """
 
     phase_names: tuple[str, ...]

@@ -84,9 +84,18 @@ def time_steps(session: Session, device: torch.device, steps: int) -> tuple[list
     return step_s, losses
 
 
+def banked_steps(session: Session) -> int:
+    """Steps' input the session can prepare ahead while it is not stepping (loader workers' queues, a prefetched
+    batch). A timed window first runs that many steps untimed: a side-by-side block follows the other side's
+    block, during which this side's loader workers kept building batches; timed at once, its steps would
+    take batches built in the other side's time, and a data knob would look faster than it runs in training."""
+    return int(getattr(session, "banked_steps", 0))
+
+
 def run_bench(session: Session, req: WorkerRequest, device: torch.device) -> BenchData:
-    """Warm up, then time each step (``time_steps``), then one timed-phase pass."""
-    for _ in range(req.warmup):
+    """Warm up (and drain what the loader banked meanwhile), then time each step (``time_steps``), then one
+    timed-phase pass."""
+    for _ in range(req.warmup + banked_steps(session)):
         session.step()
     sync_device(device)
     step_s, losses = time_steps(session, device, req.steps)

@@ -38,7 +38,8 @@ import torch.distributed as dist
 from targets.protocol import ConfigError, Session
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
-from targets.worker import build_session as build_target_session, open_device, sync_device, time_steps
+from targets.worker import (banked_steps, build_session as build_target_session, open_device, sync_device,
+                            time_steps)
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
@@ -61,7 +62,10 @@ def build_session(req: WorkerRequest, job: RankContext | None = None) -> tuple[S
 
 
 def run_block(session: Session, device: torch.device, steps: int) -> dict[str, Any]:
-    """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end)."""
+    """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end), after
+    the steps whose input was banked while the other side ran its block (``banked_steps``), untimed."""
+    for _ in range(banked_steps(session)):
+        session.step()
     step_s, losses = time_steps(session, device, steps)
     return {"step_s": step_s, "loss_finite": all(math.isfinite(float(loss)) for loss in losses)}
 

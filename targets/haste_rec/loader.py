@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from targets.haste_rec.batch import Batch
 
+PREFETCH_FACTOR = 4  # batches each loader worker builds ahead
+
 
 class BatchSource(Protocol):
     def train_batch(self, index: int) -> Batch: ...
@@ -56,9 +58,12 @@ class DeviceBatches:
         self.device, self.sparse_on_device = device, sparse_on_device
         self.pin = pin_memory and cuda
         self.loader = iter(DataLoader(BatchStream(source, start, prepare), batch_size=None, num_workers=workers,
-                                      pin_memory=self.pin, prefetch_factor=4 if workers else None,
+                                      pin_memory=self.pin, prefetch_factor=PREFETCH_FACTOR if workers else None,
                                       persistent_workers=workers > 0))
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
+        # Batches that can be built ahead of the step: each worker's queue, one in the pinning thread, one
+        # copied ahead on the side stream.
+        self.depth = workers * PREFETCH_FACTOR + (1 if workers and self.pin else 0) + (1 if self.stream else 0)
         self._next: Batch | None = None
         if self.stream is not None:
             self._next = self._copy_async(next(self.loader))

@@ -171,6 +171,11 @@ class HasteRecSession:
             self.optimizers.step(self.model, self.model.embeddings)
         return loss.detach()
 
+    @property
+    def banked_steps(self) -> int:
+        """Batches the loader can build ahead of the step (see targets.worker.banked_steps)."""
+        return self.batches.depth
+
     # -- what the worker reads -----------------------------------------------------------------
     def grad_norms(self) -> dict[str, float]:
         return dict(self._grad_norms)

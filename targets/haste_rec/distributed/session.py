@@ -71,6 +71,7 @@ class ShardedSession:
     loss = HasteRecSession.loss
     probe = HasteRecSession.probe
     quality = HasteRecSession.quality
+    banked_steps = HasteRecSession.banked_steps  # it reads batches
     # Dense parameters only, from the seed: the replicas stay identical. An owned tail slice draws its
     # signs for its own shape: as small a nudge as the single-process one, not the same one.
     perturb = HasteRecSession.perturb

@@ -1,0 +1,69 @@
+"""A timed window never steps on input a session banked while it was not stepping (loader workers keep
+building batches while the other side of a side-by-side measurement runs its block)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from profilers.coarse import profile_session
+from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.target import build
+from targets.protocol import PhaseTimer
+from targets.worker import banked_steps
+from validators.ab_worker import run_block
+
+CPU = torch.device("cpu")
+FAST_S, SLOW_S = 0.001, 0.02
+
+
+class BankingSession:
+    """A step is fast while a batch built ahead is waiting, slow when it must wait for one to be built; idle
+    time refills the bank up to `depth` batches, as loader workers do."""
+
+    phase_names = ("data",)
+    record_grad_norms = False
+
+    def __init__(self, depth: int):
+        self.banked_steps = depth
+        self.bank = depth
+        self.timer = PhaseTimer(CPU)
+        self.steps = 0
+
+    def idle(self) -> None:
+        self.bank = self.banked_steps
+
+    def step(self) -> torch.Tensor:
+        self.steps += 1
+        if self.bank:
+            self.bank -= 1
+            time.sleep(FAST_S)
+        else:
+            time.sleep(SLOW_S)
+        return torch.tensor(1.0)
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+
+def test_a_block_after_idle_time_times_the_steady_rate_not_the_bank():
+    session = BankingSession(depth=4)
+    session.idle()  # the other side's block ran meanwhile
+    block = run_block(session, CPU, steps=3)
+    assert session.steps == 4 + 3
+    assert len(block["step_s"]) == 3 and min(block["step_s"]) > SLOW_S * 0.9
+
+
+def test_a_profile_drains_the_bank_before_its_window():
+    session = BankingSession(depth=6)
+    profile = profile_session(session, CPU, warmup=1, steps=2)
+    assert profile.unprofiled_step_s > SLOW_S * 0.9  # the profiled window saw no banked batch either
+
+
+def test_the_trainer_banks_what_its_loader_builds_ahead():
+    def banked(**knobs) -> int:
+        return banked_steps(build(KNOB_SPACE.resolve(knobs), "tiny", {}, "cpu", 0))
+    assert banked() == 0  # batches are built in the step
+    assert banked(data_workers=2) == 8  # four a worker; no pinning thread nor side stream without CUDA
+    assert banked(data_workers=1, pin_memory=True, prefetch_to_device=True) == 4  # both need CUDA
