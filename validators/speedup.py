@@ -13,6 +13,12 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   each process keeps to "its" core, and on a loaded machine one core is busier than the other for
   minutes: on the 2-core CI box 12 A/A runs of the tiny trainer spread with a standard deviation of
   5.1% (one at 0.876, a false win) unpinned, and 1.5% (worst 0.975) pinned.
+* **Blocks of equal length in time.** ``steps_per_block`` sizes the slower side's block; the settling
+  blocks tell how much faster the other side is, and it runs that many times more steps per block
+  (``equal_time_steps``, at most ``MAX_STEP_FACTOR`` times). A candidate 13x faster than its baseline then
+  times a median over 39 steps per block, not over 3 steps of 8 ms, and both sides spend the same minutes.
+* **Nothing banked while idle.** Each block first runs, untimed, the steps whose input the session could
+  prepare while the other side ran (``banked_steps``: its loader workers' queues; ``validators.ab_worker``).
 * **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
   step moves nothing). The ratio is the median over block pairs of B's block median over A's:
   *candidate time over incumbent time, below 1 is faster*; the speedup is its inverse. Without drift it
@@ -66,6 +72,7 @@ Verdict = Literal["faster", "slower", "no-difference", "failed"]
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_FLOOR = 0.01
+MAX_STEP_FACTOR = 32  # the faster side runs at most this many times the slower side's steps per block
 DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
 DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run
 UNCALIBRATED_FLOOR = 0.10  # for callers that skip calibration; the shared 2-core CI box calibrates to 6-10%
@@ -180,6 +187,7 @@ class ABResult(BaseModel):
     order: list[Side] = Field(description="the order the blocks ran in")
     blocks: int
     steps_per_block: int
+    side_steps: dict[str, int] | None = Field(None, description="steps per timed block of each side (equal_time_steps)")
     cpus: list[int] | None = Field(None, description="the CPU set both workers were pinned to (None: not pinned)")
     failure: Failure | None = None
     wall_s: float = 0.0
@@ -216,6 +224,16 @@ def assert_sides(result: ABResult, incumbent: WorkerRequest, candidate: WorkerRe
 
 # -- what callers use ------------------------------------------------------------------------------
 
+def equal_time_steps(settle: dict[str, list[float]], steps_per_block: int) -> dict[str, int]:
+    """Steps per block of each side, so that both sides' blocks last about as long as the slower side's
+    block of ``steps_per_block`` steps (from the settling blocks' median step times)."""
+    medians = {side: float(np.median(times)) for side, times in settle.items()}
+    slowest = max(medians.values())
+    return {side: min(MAX_STEP_FACTOR * steps_per_block,
+                      max(steps_per_block, int(np.ceil(steps_per_block * slowest / max(m, 1e-9)))))
+            for side, m in medians.items()}
+
+
 def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                label_a: str = "incumbent", label_b: str = "candidate", *,
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
@@ -235,10 +253,11 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                   order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples, cpus=cpus)
     try:
         with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
-            for side in ("a", "b"):  # settle: the first block after warm-up pays first-touch costs
-                runner.run(side, steps_per_block)
+            # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds
+            settle = {side: runner.run(side, steps_per_block) for side in ("a", "b")}
+            common["side_steps"] = side_steps = equal_time_steps(settle, steps_per_block)
             for side in order:
-                times[side].append(runner.run(side, steps_per_block))
+                times[side].append(runner.run(side, side_steps[side]))
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
     except SideFailed as exc:

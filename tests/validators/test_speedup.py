@@ -17,7 +17,8 @@ from targets.protocol import Target
 from targets.worker_client import scrubbed_env
 from targets.worker_protocol import Failure, WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
-from validators.speedup import (ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse, assert_sides,
+from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse,
+                                assert_sides, equal_time_steps,
                                 block_order, bootstrap_ratio_ci, calibrate_noise_floor, confirm_win, decide,
                                 floor_from, measure_ab, paired_ratio, spec_digest)
 from validators.ab_runner import overlap_builds, shared_cpus
@@ -249,8 +250,17 @@ def test_real_aa_of_the_reference_trainer_is_not_faster():
     assert result.ratio_definition == "candidate_time / incumbent_time (below 1 is faster)"
     assert result.ci_low <= result.ratio <= result.ci_high and result.speedup == pytest.approx(1 / result.ratio)
     assert len(result.a.block_medians) == 6 and result.a.config["embedding_grad_mode"] == "dense"
+    assert result.side_steps["a"] >= 10 and result.side_steps["b"] >= 10  # same config: about the same length
     assert result.a.cpus == result.b.cpus == result.cpus == shared_cpus(INCUMBENT, INCUMBENT)  # the same cores
     assert_sides(result, INCUMBENT, INCUMBENT)
+
+
+def test_a_faster_side_runs_more_steps_so_both_blocks_last_as_long():
+    settle = {"a": [0.116, 0.115, 0.117], "b": [0.0088, 0.0087, 0.0090]}  # the session-8 `large` final, roughly
+    assert equal_time_steps(settle, 3) == {"a": 3, "b": 40}  # ceil(3 * 0.116 / 0.0088)
+    assert equal_time_steps({"a": [1.0], "b": [1.0]}, 5) == {"a": 5, "b": 5}
+    assert equal_time_steps({"a": [0.5], "b": [1.0]}, 5) == {"a": 10, "b": 5}  # whichever side is faster
+    assert equal_time_steps({"a": [1.0], "b": [1e-6]}, 4) == {"a": 4, "b": 4 * MAX_STEP_FACTOR}
 
 
 def test_sides_build_at_once_only_on_a_gpu():
