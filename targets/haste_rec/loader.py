@@ -61,9 +61,9 @@ class DeviceBatches:
                                       pin_memory=self.pin, prefetch_factor=PREFETCH_FACTOR if workers else None,
                                       persistent_workers=workers > 0))
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
-        # Batches that can be built ahead of the step: each worker's queue, one in the pinning thread, one
-        # copied ahead on the side stream.
-        self.depth = workers * PREFETCH_FACTOR + (1 if workers and self.pin else 0) + (1 if self.stream else 0)
+        # Batches that can be built ahead of the step: the DataLoader keeps up to workers x PREFETCH_FACTOR
+        # outstanding (built, being built or being pinned), and the side stream copies one more ahead.
+        self.depth = workers * PREFETCH_FACTOR + (1 if self.stream else 0)
         self._next: Batch | None = None
         if self.stream is not None:
             self._next = self._copy_async(next(self.loader))
