@@ -42,7 +42,7 @@ def _knob_table(target: Target) -> Table:
         table.add_section()
         table.add_row(f"[italic]{category}[/]", "", "", "", "")
         for knob in knobs:
-            table.add_row(knob.name, str(knob.default), knob.domain(), knob.numerics, knob.why)
+            table.add_row(knob.name, str(knob.default), knob.domain(), knob.numerics_text(), knob.why)
     return table
 
 

@@ -204,7 +204,7 @@ def _numerics_class(state: RunState, ctx: RunContext, resolved: dict[str, Any], 
     """The loosest promise among every change from the baseline (kernel replacements reorder math)."""
     space = ctx.target.knob_space
     base = space.resolve(state.baseline_config)
-    classes = [space[name].numerics for name, value in resolved.items() if base[name] != value]
+    classes = [space[name].numerics_of(value) for name, value in resolved.items() if base[name] != value]
     return loosest(classes + (["reorder"] if kernels else []))
 
 

@@ -50,13 +50,26 @@ class Knob:
     high: float | None = None
     active_when: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (knob, values): it has an effect only then
     user_setting: bool = False  # a limit of the user's environment (e.g. a memory budget): never tuned
+    value_numerics: tuple[tuple[Any, NumericsClass], ...] = ()  # (value, class): values that promise otherwise
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"knob {self.name}: unknown category {self.category!r}")
-        if self.numerics not in NUMERICS_CLASSES:
-            raise ValueError(f"knob {self.name}: unknown numerics class {self.numerics!r}")
+        for value, numerics in ((None, self.numerics), *self.value_numerics):
+            if numerics not in NUMERICS_CLASSES:
+                raise ValueError(f"knob {self.name}: unknown numerics class {numerics!r}")
+            if value is not None:
+                self.validate(value)
         self.validate(self.default)
+
+    def numerics_of(self, value: Any) -> NumericsClass:
+        """The numerics class a change to `value` promises: the knob's, unless value_numerics names the value."""
+        return next((numerics for v, numerics in self.value_numerics if v == value), self.numerics)
+
+    def numerics_text(self) -> str:
+        """The knob's class, with the values that promise another (for listings and prompts)."""
+        others = ", ".join(f"{v}: {n}" for v, n in self.value_numerics)
+        return f"{self.numerics} ({others})" if others else self.numerics
 
     def is_active(self, config: Mapping[str, Any]) -> bool:
         """Whether the knob has any effect under a resolved config (a tile size of an unused kernel has none)."""

@@ -59,8 +59,8 @@ def _knob_lines(space: KnobSpace, state: RunState) -> list[str]:
     for knob in space.tunable(state.ranks):
         if knob.numerics == "model" and not state.allow_model_changes:
             continue
-        lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain()}; numerics {knob.numerics}; "
-                     f"{knob.category}): {knob.why}")
+        lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain()}; "
+                     f"numerics {knob.numerics_text()}; {knob.category}): {knob.why}")
     return lines
 
 

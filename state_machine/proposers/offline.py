@@ -85,7 +85,12 @@ CATALOG: tuple[Rule, ...] = (
          "the Triton tail's fp32 products as three TF32 tensor-core products instead of CUDA-core FMAs, held "
          "to the reorder band", devices=("cuda",),
          requires={"tail_backend": ("triton", "triton-fused-loss"), "precision": ("fp32",),
-                   "matmul_precision": ("highest",)}),
+                   "matmul_precision": ("highest",), "tail_fp32_dot": ("ieee",)}),
+    Rule("tf32-tail", ("fp32-products",), {"tail_fp32_dot": "tf32"}, 0.65,
+         "the Triton tail's fp32 products in one TF32 tensor-core pass, for the tail alone: a precision change, "
+         "held to the precision band (TF32 for every matmul also moves torch's own)", devices=("cuda",),
+         requires={"tail_backend": ("triton", "triton-fused-loss"), "precision": ("fp32",),
+                   "matmul_precision": ("highest",), "tail_fp32_dot": ("ieee", "tf32x3")}),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum",
          requires={"tail_backend": ("torch",)}),

@@ -67,6 +67,15 @@ def test_check_parses_string_values_and_sets_the_numerics_class(state, ctx):
     assert out["current_numerics_class"] == "reorder"  # exact + reorder
 
 
+@pytest.mark.parametrize("dot,numerics", [("tf32x3", "reorder"), ("tf32", "precision")])
+def test_a_knob_value_may_promise_another_numerics_class_than_its_knob(state, ctx, dot, numerics):
+    """tail_fp32_dot is a reorder knob, but its one-pass TF32 value rounds the inputs: held to the precision band."""
+    triton = state.model_copy(update={"incumbent": state.incumbent.model_copy(update={"config": {
+        "tail_backend": "triton"}})})
+    out = checked(triton, ctx, candidate(patch={"tail_fp32_dot": dot}))
+    assert out["current_numerics_class"] == numerics
+
+
 def test_check_rejects_disallowed_kinds_and_unsafe_kernel_sources(state, ctx, tmp_path):
     offline = RunContext(target=ctx.target, policy=ProposerPolicy(kinds=("knob",)))
     source = tmp_path / "tail_forward.py"
@@ -184,9 +193,10 @@ def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
         "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config))})
     proposals = propose_offline(fused, ctx, limit=6)
     proposers = [p.proposer for p in proposals]
-    assert proposers[:3] == ["offline:tf32x3-tail", "offline:tf32-matmuls", "offline:pinned-prefetch"]  # no sweep
-    assert proposals[2].patch == {"pin_memory": True, "prefetch_to_device": True}
-    assert proposers[3] == "offline:packed-batches"
+    assert proposers[:4] == ["offline:tf32x3-tail", "offline:tf32-tail", "offline:tf32-matmuls",
+                             "offline:pinned-prefetch"]  # no sweep
+    assert proposals[3].patch == {"pin_memory": True, "prefetch_to_device": True}
+    assert proposers[4] == "offline:packed-batches"
     assert not {p.proposer for p in proposals} & {"offline:tail-slots", "offline:triton-tail",
                                                    "offline:triton-fused-loss"}
 
@@ -261,8 +271,9 @@ def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: di
 
 def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
     """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
-    that run's history up to #12: the proposer now offers 3xTF32 and packed batches before any sweep, and
-    sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6, x1.2 slower)."""
+    that run's history up to #12: the proposer now offers 3xTF32, TF32 for the tail alone and packed batches
+    before any sweep, and sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6,
+    x1.2 slower)."""
     at = replayed(state, ctx, "h200_large_after_10.json", "large", {}, [
         (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
         (3, {"data_workers": 2}, True), (4, {"compile_encoder": True}, False),
@@ -271,7 +282,8 @@ def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches
         (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
         (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:2]] == ["offline:tf32x3-tail", "offline:packed-batches"]
+    assert [p.proposer for p in proposals[:3]] == ["offline:tf32x3-tail", "offline:tf32-tail",
+                                                   "offline:packed-batches"]
     assert not any("tail_backend" in p.patch for p in proposals)
 
 
@@ -291,7 +303,8 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
     """Replayed on the real profile of the second 2026-11-30 `large-cached` run after its one win (#1, the
     fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
     optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
-    sweep's plausibility is shared among its values: the loader workers are among the next three."""
+    sweep's plausibility is shared among its values: the loader workers come next after TF32 for the tail
+    alone and the embedding rules."""
     at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
         (1, {"tail_backend": "triton-fused-loss"}, True),
         (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, False),
@@ -299,9 +312,10 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
         (5, {"optimizer_impl": "foreach"}, False), (6, {"tail_fp32_dot": "tf32x3"}, False),
         (7, {"precision": "bf16-autocast"}, False), (8, {"matmul_precision": "high"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
-    assert {"data_workers": 2} in [p.patch for p in proposals[:3]]
+    assert [p.proposer for p in proposals[:4]] == ["offline:tf32-tail", "offline:triton-embeddings",
+                                                   "offline:host-pooling", "offline:loader-workers"]
     first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 5  # the five rules the findings still trigger go first
+    assert first_sweep == 6  # the six rules the findings still trigger go first
 
 
 def test_user_settings_are_never_tuned(state, ctx):
