@@ -282,8 +282,8 @@ def optimize(
                 raise ConfigError("--blocks and --final-blocks must be even, so that each side runs first equally "
                                   "often")
             overrides = _inputs(target, size, config, set_, data, ranks)
-            plan = {"blocks": blocks, "final_blocks": final_blocks, "timeout_s": timeout, "min_timeout_s": min(60.0, timeout),
-                    **({"block_steps": block_steps} if block_steps else {})}
+            plan = {"blocks": blocks, "final_blocks": final_blocks, "timeout_s": timeout,
+                    "min_timeout_s": min(60.0, timeout), **({"block_steps": block_steps} if block_steps else {})}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,

@@ -55,12 +55,11 @@ class Knob:
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"knob {self.name}: unknown category {self.category!r}")
-        for value, numerics in ((None, self.numerics), *self.value_numerics):
+        for numerics in (self.numerics, *(numerics for _, numerics in self.value_numerics)):
             if numerics not in NUMERICS_CLASSES:
                 raise ValueError(f"knob {self.name}: unknown numerics class {numerics!r}")
-            if value is not None:
-                self.validate(value)
-        self.validate(self.default)
+        for value in (self.default, *(value for value, _ in self.value_numerics)):
+            self.validate(value)
 
     def numerics_of(self, value: Any) -> NumericsClass:
         """The numerics class a change to `value` promises: the knob's, unless value_numerics names the value."""

@@ -83,14 +83,11 @@ CATALOG: tuple[Rule, ...] = (
          requires={"precision": ("fp32",)}),
     Rule("tf32x3-tail", ("fp32-products",), {"tail_fp32_dot": "tf32x3"}, 0.8,
          "the Triton tail's fp32 products as three TF32 tensor-core products instead of CUDA-core FMAs, held "
-         "to the reorder band", devices=("cuda",),
-         requires={"tail_backend": ("triton", "triton-fused-loss"), "precision": ("fp32",),
-                   "matmul_precision": ("highest",), "tail_fp32_dot": ("ieee",)}),
+         "to the reorder band", devices=("cuda",), requires={"tail_fp32_dot": ("ieee",)}),
     Rule("tf32-tail", ("fp32-products",), {"tail_fp32_dot": "tf32"}, 0.65,
          "the Triton tail's fp32 products in one TF32 tensor-core pass, for the tail alone: a precision change, "
          "held to the precision band (TF32 for every matmul also moves torch's own)", devices=("cuda",),
-         requires={"tail_backend": ("triton", "triton-fused-loss"), "precision": ("fp32",),
-                   "matmul_precision": ("highest",), "tail_fp32_dot": ("ieee", "tf32x3")}),
+         requires={"tail_fp32_dot": ("ieee", "tf32x3")}),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum",
          requires={"tail_backend": ("torch",)}),
@@ -169,15 +166,18 @@ def _went_past(state: RunState, space: KnobSpace) -> set[tuple[str, str]]:
 
 
 def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
-    """Valid, a real change from the resolved incumbent ``current``, and not a model change unless allowed."""
+    """Valid, every knob it sets in effect under the patched config (``Knob.active_when``), a real change from
+    the resolved incumbent ``current``, and not a model change unless allowed."""
     names = {k.name for k in space}
     if not set(patch) <= names:
         return False
     try:
         for name, value in patch.items():
             space[name].validate(value)
-        space.resolve({**state.incumbent.config, **patch})
+        patched = space.resolve({**state.incumbent.config, **patch})
     except ConfigError:
+        return False
+    if not all(space[name].is_active(patched) for name in patch):  # a knob that does nothing there
         return False
     changes = {k: v for k, v in patch.items() if current[k] != v}
     if not changes:

@@ -19,7 +19,7 @@ from targets.haste_rec import grouping as grouping_module
 from targets.haste_rec.data import SyntheticData, SyntheticSpec
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
 from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
-from targets.haste_rec.haste import HasteOutput, check_backend_device
+from targets.haste_rec.haste import HasteOutput
 from targets.haste_rec.knobs import PRESET
 from targets.haste_rec.sizes import HasteRecSize
 
@@ -136,12 +136,12 @@ def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class HasteRecModel(nn.Module):
-    """Embeddings, encoder and output layer; the session drives them phase by phase."""
+    """Embeddings, encoder and output layer; the session drives them phase by phase (and has checked the tail
+    backend against the device before building anything)."""
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
                  device: torch.device, seed: int):
         super().__init__()
-        check_backend_device(config["tail_backend"], device)  # before any set-up work
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config, size)
         counts, max_unique = cache_plan_inputs(data, size, emb_cfg)

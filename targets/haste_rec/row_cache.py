@@ -81,15 +81,6 @@ class RowMoves:
     load_rows: torch.Tensor
     load_slots: torch.Tensor
 
-    def shifted(self, row0: int, slot0: int) -> "RowMoves":
-        """The same moves in a shared row space and a shared slot buffer starting at row0 and slot0."""
-        return RowMoves(self.back_rows + row0, self.back_slots + slot0, self.load_rows + row0, self.load_slots + slot0)
-
-    @classmethod
-    def cat(cls, moves: Sequence["RowMoves"]) -> "RowMoves":
-        return cls(*(torch.cat([getattr(m, name) for m in moves]) for name in
-                     ("back_rows", "back_slots", "load_rows", "load_slots")))
-
 
 def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
               pinned: bool) -> None:

@@ -47,7 +47,7 @@ def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: 
     the 8 steps after a fork (``benchmarks/fork_cow.py``), until every page is copied and the memory doubled.
     `source` is what the stream draws from: the data, or a rank's share of each batch in a sharded run.
     """
-    layout = TableLayout(tuple(int(r) for r in size.table_rows))
+    layout = TableLayout(size.table_rows)
     return DeviceBatches(source, device, workers=config["data_workers"],
                          pin_memory=config["pin_memory"], prefetch=config["prefetch_to_device"],
                          sparse_on_device=config["embedding_placement"] == "device",

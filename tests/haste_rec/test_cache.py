@@ -173,8 +173,8 @@ def test_table_caches_decide_exactly_as_one_row_cache_per_table(eviction, capaci
     RowCache per table, it picks the same slots, evicts the same rows and moves the same bytes, also when the
     lookup path (record) and the update path (no record) alternate and the cached rows are written to."""
     table_rows = [2000, 600, 1300]
+    row_starts, slot_starts = [0, 2000, 2600], [0, capacities[0], capacities[0] + capacities[1]]
     data = ZipfBatches(table_rows, [0.8, 1.2, 1.0], batch_size=40, max_bag=4, seed=11)
-    starts = [0, 2000, 2600]
     host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(0))
     ref_host = host.clone()
     together = TableCaches(host, table_rows, capacities, eviction, CPU)
@@ -182,13 +182,12 @@ def test_table_caches_decide_exactly_as_one_row_cache_per_table(eviction, capaci
     for i, batch in enumerate(data.batches(0, 40)):
         unique = [torch.unique(ids) for ids in batch.ids]
         for record in (True, False):
-            got = together.prepare(torch.cat([u + s for u, s in zip(unique, starts)]), record=record)
-            want = torch.cat([c.prepare(u, record=record) + sum(capacities[:t]) for t, (c, u)
-                              in enumerate(zip(alone, unique))])
-            assert torch.equal(got, want), (i, record)
+            got = together.prepare(torch.cat([u + s for u, s in zip(unique, row_starts)]), record=record)
+            local = [c.prepare(u, record=record) for c, u in zip(alone, unique)]
+            assert torch.equal(got, torch.cat([slots + s for slots, s in zip(local, slot_starts)])), (i, record)
         together.device_rows[got] += 1.0  # an update: dirty rows must be written back on eviction
-        for t, c in enumerate(alone):
-            c.device_rows[want[sum(len(u) for u in unique[:t]):][:len(unique[t])] - sum(capacities[:t])] += 1.0
+        for c, slots in zip(alone, local):
+            c.device_rows[slots] += 1.0
     assert together.counters() == {key: sum(c.counters()[key] for c in alone)
                                    for key in ("hits", "misses", "bytes_h2d", "bytes_d2h")}
     assert together.counters()["bytes_d2h"] > 0  # rows were evicted and written back

@@ -318,6 +318,21 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
     assert first_sweep == 6  # the six rules the findings still trigger go first
 
 
+@pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
+                                       {"tail_backend": "triton", "matmul_precision": "high"}])
+def test_no_patch_sets_a_knob_that_does_nothing_under_it(state, ctx, incumbent):
+    """tail_fp32_dot is in effect only when the Triton tail multiplies fp32 at matmul_precision highest
+    (Knob.active_when): elsewhere neither its rules nor a sweep propose it, whatever the findings say."""
+    at = state.model_copy(update={"device": "cuda", "incumbent": state.incumbent.model_copy(update={
+        "config": incumbent}), "findings": [finding(c, 0.4, 2.0) for c in ("fp32-products", "tail-gather-bound",
+                                                                           "backward", "compute-bound kernel")]})
+    proposals = propose_offline(at, ctx, limit=500)
+    assert proposals and not any("tail_fp32_dot" in p.patch for p in proposals)
+    triton_fp32 = at.model_copy(update={"incumbent": state.incumbent.model_copy(update={
+        "config": {"tail_backend": "triton"}})})
+    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in propose_offline(triton_fp32, ctx, limit=500)]
+
+
 def test_user_settings_are_never_tuned(state, ctx):
     verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current_verdict"]
     assert not verdict.accepted and verdict.stage == "check" and "user's own setting" in verdict.reason
