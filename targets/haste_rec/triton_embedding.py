@@ -45,7 +45,8 @@ to 0.551 ms and the fused update from 3.79 to 3.34 ms against the 4096-element t
 (gather-sum) and 4 or 8 (update) that the kernels launched before they were knobs. The tile sets BLOCK_N,
 the positions a gather-sum program adds per step, hence the pooled sum's and the hot-row partials'
 association (numerics "reorder"; BLOCK_R, the update's rows per program, does not change a row's sum);
-num_warps sets how ``tl.sum`` splits its reductions over lanes and warps ("reorder"); num_stages only changes how far the position and occurrence loops prefetch ("exact").
+num_warps sets how ``tl.sum`` splits its reductions over lanes and warps ("reorder"); num_stages only
+changes how far the position and occurrence loops prefetch ("exact").
 
 Determinism: no atomics anywhere. Every sum runs in an order fixed by the data and the launch
 parameters (stable sort, then position order, chunk order, tile order), so repeated runs are
