@@ -68,7 +68,8 @@ def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: 
     def on(lane: Lane | None) -> NoiseFloor:
         lane_spec = spec if lane is None else spec.model_copy(update={"gpus": lane.gpus, "cpus": lane.cpus})
         return calibrate_noise_floor(lane_spec, blocks, block_steps, timeout_s, repeats=state.plan.aa_repeats,
-                                     seed=state.seed + (lane.index * 1000 if lane else 0))
+                                     seed=state.seed + (lane.index * 1000 if lane else 0),
+                                     block_seconds=state.plan.block_seconds)
     if not concurrent(state):
         return on(None), {}
     lanes = lanes_of(state)

@@ -300,7 +300,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     cand, plan = state.current, state.plan
     incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
     confirmation = confirm_win(incumbent, candidate, state.baseline.noise_floor, plan.blocks, plan.block_steps,
-                               plan.timeout_s, seed=state.seed + 100 * cand.id)
+                               plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
     path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
@@ -340,7 +340,7 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         def final_ab(seed: int) -> ABResult:
             return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"),
                               max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
-                              "best", floor=floor, seed=seed)
+                              "best", floor=floor, seed=seed, block_seconds=plan.block_seconds)
         result, note = final_ab(state.seed + 7), None
         if disturbed(result, floor):  # stalled blocks: measure once more and quote the steadier run
             write_json(_dir(state, "final_ab_disturbed.json"), result)

@@ -50,7 +50,8 @@ class EvalPlan(BaseModel):
                                               "so that the quoted figure and its re-measurement are measured alike")
     block_steps: int | None = Field(None, description="steps per block (None: enough for BLOCK_SECONDS, from "
                                                       "a short timing of the baseline)")
-    block_seconds: float = Field(0.3, description="the duration a block aims at when block_steps is None")
+    block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "
+                                                  "when that is None (--block-steps sets it to 0)")
     aa_repeats: int = Field(2, description="A/A runs that set the noise floor")
     profile_steps: int = 5
     fine_profile: bool = Field(False, description="also time kernel slots against the ceilings (CUDA)")

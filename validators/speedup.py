@@ -13,10 +13,14 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   each process keeps to "its" core, and on a loaded machine one core is busier than the other for
   minutes: on the 2-core CI box 12 A/A runs of the tiny trainer spread with a standard deviation of
   5.1% (one at 0.876, a false win) unpinned, and 1.5% (worst 0.975) pinned.
-* **Blocks of equal length in time.** ``steps_per_block`` sizes the slower side's block; the settling
-  blocks tell how much faster the other side is, and it runs that many times more steps per block
-  (``equal_time_steps``, at most ``MAX_STEP_FACTOR`` times). A candidate 13x faster than its baseline then
-  times a median over 39 steps per block, not over 3 steps of 8 ms, and both sides spend the same minutes.
+* **Blocks of equal length in time.** ``steps_per_block`` sizes the slower side's block, and
+  ``block_seconds`` (when given) is the least it may last; the settling blocks tell how fast each side
+  is, and each runs as many steps as fill that time (``equal_time_steps``, at most ``MAX_STEP_FACTOR``
+  times ``steps_per_block``). A candidate 13x faster than its baseline then times a median over 39 steps
+  per block, not over 3 steps of 8 ms, and both sides spend the same minutes. The agent sizes
+  ``steps_per_block`` on its baseline; ``block_seconds`` keeps blocks that long after the incumbent got
+  faster: at `large`, 3 steps of a 9 ms incumbent were blocks of 27 ms whose medians spread 9.2-11.6 ms,
+  and intervals of +-13% hid wins that a 1.1% floor was calibrated to see.
 * **Nothing banked while idle.** Each block first runs, untimed, the steps whose input the session could
   prepare while the other side ran (``banked_steps``: its loader workers' queues; ``validators.ab_worker``).
 * **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
@@ -187,6 +191,7 @@ class ABResult(BaseModel):
     order: list[Side] = Field(description="the order the blocks ran in")
     blocks: int
     steps_per_block: int
+    block_seconds: float = Field(0.0, description="the least a timed block lasts (0: steps_per_block alone)")
     side_steps: dict[str, int] | None = Field(None, description="steps per timed block of each side (equal_time_steps)")
     cpus: list[int] | None = Field(None, description="the CPU set both workers were pinned to (None: not pinned)")
     failure: Failure | None = None
@@ -224,22 +229,25 @@ def assert_sides(result: ABResult, incumbent: WorkerRequest, candidate: WorkerRe
 
 # -- what callers use ------------------------------------------------------------------------------
 
-def equal_time_steps(settle: dict[str, list[float]], steps_per_block: int) -> dict[str, int]:
+def equal_time_steps(settle: dict[str, list[float]], steps_per_block: int,
+                     block_seconds: float = 0.0) -> dict[str, int]:
     """Steps per block of each side, so that both sides' blocks last about as long as the slower side's
-    block of ``steps_per_block`` steps (from the settling blocks' median step times)."""
+    block of ``steps_per_block`` steps, or ``block_seconds`` if that is longer (from the settling blocks'
+    median step times)."""
     medians = {side: float(np.median(times)) for side, times in settle.items()}
-    slowest = max(medians.values())
-    return {side: min(MAX_STEP_FACTOR * steps_per_block,
-                      max(steps_per_block, int(np.ceil(steps_per_block * slowest / max(m, 1e-9)))))
+    block = max(steps_per_block * max(medians.values()), block_seconds)
+    return {side: min(MAX_STEP_FACTOR * steps_per_block, max(steps_per_block, int(np.ceil(block / max(m, 1e-9)))))
             for side, m in medians.items()}
 
 
 def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                label_a: str = "incumbent", label_b: str = "candidate", *,
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
-               cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None)) -> ABResult:
+               cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None),
+               block_seconds: float = 0.0) -> ABResult:
     """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``), each
-    in its code tree of ``roots`` (None: the caller's); ``failed`` verdicts carry the failure."""
+    in its code tree of ``roots`` (None: the caller's), in blocks of at least ``block_seconds`` (see
+    ``equal_time_steps``); ``failed`` verdicts carry the failure."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
@@ -250,12 +258,13 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
              for s, label, spec, root in (("a", label_a, a, roots[0]), ("b", label_b, b, roots[1]))}
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
     common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
-                  order=order, blocks=blocks, steps_per_block=steps_per_block, resamples=resamples, cpus=cpus)
+                  order=order, blocks=blocks, steps_per_block=steps_per_block, block_seconds=block_seconds,
+                  resamples=resamples, cpus=cpus)
     try:
         with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
             # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds
             settle = {side: runner.run(side, steps_per_block) for side in ("a", "b")}
-            common["side_steps"] = side_steps = equal_time_steps(settle, steps_per_block)
+            common["side_steps"] = side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             for side in order:
                 times[side].append(runner.run(side, side_steps[side]))
             for s in sides:
@@ -275,13 +284,14 @@ class CalibrationFailed(RuntimeError):
 
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                           repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
-                          cpus: Sequence[int] | None = None, root: str | None = None) -> NoiseFloor:
+                          cpus: Sequence[int] | None = None, root: str | None = None,
+                          block_seconds: float = 0.0) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
     floor from the worst run."""
     runs = []
     for r in range(repeats):
         run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
-                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root))
+                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root), block_seconds=block_seconds)
         if run.failure is not None:
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
         runs.append(run)
@@ -304,17 +314,17 @@ def disturbed(result: ABResult, floor: float) -> bool:
 
 def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
                 steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
-                seed: int = 0, cpus: Sequence[int] | None = None) -> Confirmation:
+                seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> Confirmation:
     """Accept a win only if a second measurement, in fresh processes, also says ``faster``."""
     if first is None:
         first = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed,
-                           cpus=cpus)
+                           cpus=cpus, block_seconds=block_seconds)
     assert_sides(first, incumbent, candidate)
     if first.verdict != "faster":
         return Confirmation(accepted=False, reason=f"the first measurement says {first.verdict}, not faster",
                             runs=[first])
     again = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=seed + 1,
-                       cpus=cpus)
+                       cpus=cpus, block_seconds=block_seconds)
     assert_sides(again, incumbent, candidate)
     if again.verdict != "faster":
         return Confirmation(accepted=False, runs=[first, again],

@@ -375,6 +375,7 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
 
     def measure_ab(a, b, n_blocks, *args, **kwargs):
         blocks.append(n_blocks)
+        assert kwargs["block_seconds"] == state.plan.block_seconds == 0.3  # blocks as long as at the baseline
         return queue.pop(0)
     monkeypatch.setattr(nodes, "measure_ab", measure_ab)
     accepted = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
@@ -389,3 +390,24 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
         assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
     else:
         assert queue == [stalled] and final.note is None  # a steady first measurement is not repeated
+
+
+def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypatch):
+    from state_machine.state import Baseline
+    from validators.speedup import Confirmation
+    seen = {}
+
+    def confirm_win(incumbent, cand, floor, blocks, steps_per_block, timeout_s, **kwargs):
+        seen.update(kwargs, blocks=blocks, steps_per_block=steps_per_block, config=cand.config)
+        run = _final_ab([9.2, 9.1], [8.0, 8.1], 0.88)
+        return Confirmation(accepted=True, reason="faster twice", runs=[run, run])
+    monkeypatch.setattr(nodes, "confirm_win", confirm_win)
+    run = state.model_copy(update={
+        "current": candidate(1, patch={"embedding_grad_mode": "fused"}),
+        "plan": state.plan.model_copy(update={"block_steps": 3}),
+        "baseline": Baseline(numerics_file="n.json", step_ms=115.0, noise_floor=0.011, calibration_file="c.json")})
+    verdict = nodes.measure(run, ctx)["current_verdict"]
+    assert verdict.accepted and verdict.ratio == 0.88
+    # block_steps was sized on a 115 ms baseline; a 9 ms incumbent's blocks must still last 0.3 s
+    assert seen["steps_per_block"] == 3 and seen["block_seconds"] == 0.3
+    assert seen["config"]["embedding_grad_mode"] == "fused"

@@ -263,6 +263,26 @@ def test_a_faster_side_runs_more_steps_so_both_blocks_last_as_long():
     assert equal_time_steps({"a": [1.0], "b": [1e-6]}, 4) == {"a": 4, "b": 4 * MAX_STEP_FACTOR}
 
 
+def test_blocks_last_block_seconds_after_the_incumbent_got_faster():
+    # session 9 at `large`: steps_per_block 3 was sized on the 115 ms baseline; the incumbent then took 9 ms
+    settle = {"a": [0.0092, 0.0091, 0.0093], "b": [0.0080, 0.0081, 0.0079]}
+    assert equal_time_steps(settle, 3) == {"a": 3, "b": 4}  # 27 ms blocks without a floor on their length
+    assert equal_time_steps(settle, 3, block_seconds=0.3) == {"a": 33, "b": 38}  # ceil(0.3 / median)
+    # a block already longer than block_seconds is left as it was, and the cap still holds
+    assert equal_time_steps({"a": [0.116], "b": [0.0088]}, 3, block_seconds=0.3) == {"a": 3, "b": 40}
+    assert equal_time_steps({"a": [1e-6], "b": [1e-6]}, 3, block_seconds=0.3) == {"a": 96, "b": 96}
+
+
+def test_real_blocks_last_at_least_block_seconds():
+    quick = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=1)
+    result = measure_ab(quick, quick, blocks=2, steps_per_block=2, timeout_s=60, block_seconds=0.004)
+    assert result.failure is None and result.block_seconds == 0.004 and result.steps_per_block == 2
+    for side in ("a", "b"):  # a step of well under a millisecond: many more than 2 steps fill a block
+        steps, per_step = result.side_steps[side], float(np.median(getattr(result, side).block_medians))
+        assert 2 < steps <= 2 * MAX_STEP_FACTOR
+        assert steps == 2 * MAX_STEP_FACTOR or steps * per_step > 0.4 * 0.004, (steps, per_step)
+
+
 def test_sides_build_at_once_only_on_a_gpu():
     cpu = INCUMBENT
     gpu = INCUMBENT.model_copy(update={"device": "cuda"})
