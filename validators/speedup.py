@@ -4,8 +4,9 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 
 * **Side by side.** Two long-lived workers (``validators.ab_worker``, run by ``validators.ab_runner``),
   one per config, are built and warmed up (one after the other on a CPU, where two builds on the same
-  cores oversubscribe them; at once on a GPU), run one untimed settling block each, then run an even
-  number of timed blocks in the balanced order A B B A A B B A ... Each pair of blocks sits in the
+  cores oversubscribe them; at once on a GPU), run one untimed settling block each (a second, of the
+  length the first implies, when that is over twice as long: a few cold steps size blocks poorly), then
+  run an even number of timed blocks in the balanced order A B B A A B B A ... Each pair of blocks sits in the
   same minute of machine time and each side goes first in half the pairs, so linear drift (thermal,
   turbo, a neighbour's load) cancels instead of favouring whoever ran second.
 * **Same cores.** Both workers are pinned to one CPU set (``shared_cpus``: the last ``threads`` CPUs
@@ -264,7 +265,11 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
         with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
             # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds
             settle = {side: runner.run(side, steps_per_block) for side in ("a", "b")}
-            common["side_steps"] = side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
+            side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
+            if max(side_steps.values()) > 2 * steps_per_block:  # sized on a few cold steps: settle once more
+                settle = {side: runner.run(side, side_steps[side]) for side in ("a", "b")}
+                side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
+            common["side_steps"] = side_steps
             for side in order:
                 times[side].append(runner.run(side, side_steps[side]))
             for s in sides:
