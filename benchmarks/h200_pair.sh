@@ -13,6 +13,8 @@
 # (13.3 GB of host tables updated every step) measured a 10.6% noise floor next to `large` on 2026-11-30,
 # and its fresh re-measurement differed from the run's own by 13%.
 #
+# BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
+# in the next call).
 # Usage: OUT=/dir SLICE=540 A="SIZE=large MINUTES=16" \
 #        B="SIZE=large-cached CONFIG=examples/haste_rec_large_cached.toml MINUTES=16" bash benchmarks/h200_pair.sh
 set -uo pipefail
@@ -29,7 +31,7 @@ wait
 for name in a b; do
     echo "== run $name ($([ "$name" = a ] && echo "$A" || echo "$B"))"; cat "$OUT/$name/lane.log"
     run=$(ls -d "runs/pair-$name"/*/ 2>/dev/null | head -1)
-    if [ -n "$run" ] && [ -f "$run/best_config.toml" ] && [ -f "$run/report.md" ]; then
+    if [ "${BENCH:-1}" = 1 ] && [ -n "$run" ] && [ -f "$run/best_config.toml" ] && [ -f "$run/report.md" ]; then
         settings=$([ "$name" = a ] && echo "$A" || echo "$B")
         read -r size device config < <(env $settings bash -c 'echo ${SIZE:-large} ${DEVICE:-cuda} ${CONFIG:-}')
         args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")

@@ -89,7 +89,10 @@ def compare(runs: dict[str, tuple[Path, Summary, float | None]]) -> dict[str, An
         notes.append(f"sg-opt's best (x{sg_best:.3f}) beats the oracle's (x{oracle:.3f}): TPE's "
                      f"{tpe.evaluated} candidates were too few for it to be an upper bound")
     for name, (_, summary, _) in runs.items():
-        if summary.final is None:
+        if summary.stop_reason is None:
+            notes.append(f"{METHODS[name]} has not finished ({summary.evaluated} candidates so far): its curve and "
+                         f"best are interim, and it has no final side-by-side measurement yet")
+        elif summary.final is None:
             notes.append(f"{METHODS[name]} accepted nothing, so it has no final side-by-side measurement")
     longest = max(len(c) for c in curves.values())
     return {
@@ -123,7 +126,7 @@ def markdown(record: dict[str, Any]) -> str:
     for name, m in record["methods"].items():
         lines.append(f"| {METHODS[name]} | {m['candidates']} | {m['accepted']} | {_speedup(m['best_est_speedup'])} | "
                      f"{_speedup(m['final_speedup'])} | {to_share[name] if to_share[name] is not None else 'never'} | "
-                     f"{m['stop_reason']} |")
+                     f"{m['stop_reason'] or 'not finished'} |")
     gain = f"{100 * share['gain']:.0f}%" if share["gain"] is not None else "- (the oracle found no speedup)"
     lines += ["", f"Oracle (TPE's best, estimated): {_speedup(record['oracle']['est_speedup'])}. sg-opt's share of "
                   f"it: {100 * share['speedup']:.0f}% of the speedup, {gain} of the gain over the baseline.", "",

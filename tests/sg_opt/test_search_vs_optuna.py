@@ -102,3 +102,13 @@ def test_the_comparison_charts_both_searches_and_measures_sg_opt_against_the_ora
     assert (out / "best_so_far.svg").read_text() == drawn  # one chart, both curves, labelled
     md = (out / "search_vs_optuna.md").read_text()
     assert "| sg-opt (rules) |" in md and "| Optuna TPE (oracle) |" in md and f"{100 * share:.0f}% of the speedup" in md
+
+
+def test_an_unfinished_oracle_is_called_interim_not_empty(agent_run, tpe_run):
+    tpe_dir, tpe_summary = tpe_run
+    rules = Summary.model_validate(json.loads((agent_run / "summary.json").read_text()))
+    running = Summary.model_validate(tpe_summary).model_copy(update={"stop_reason": None, "final": None})
+    record = search_vs_optuna.compare({"rules": (agent_run, rules, None), "tpe": (tpe_dir, running, None)})
+    (note,) = [n for n in record["notes"] if "Optuna TPE" in n and "final" in n]
+    assert "has not finished" in note and "accepted nothing" not in note
+    assert "| not finished |" in search_vs_optuna.markdown(record)
