@@ -102,6 +102,9 @@ CATALOG: tuple[Rule, ...] = (
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),
+    Rule("dense-cuda-graph", ("launch/host-bound",), {"dense_cuda_graph": True}, 0.7,
+         "replay the dense part of the step as CUDA graphs: one launch per phase instead of dozens",
+         devices=("cuda",)),
     Rule("compile-encoder", ("launch/host-bound",), {"compile_encoder": True}, 0.4,
          "fewer, fused kernels in the encoder", devices=("cuda",)),
 )

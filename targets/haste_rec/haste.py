@@ -103,10 +103,10 @@ class FusedTailBCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, idx: torch.Tensor,
-                col_weight: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor, scale: float,
-                kernel_config: Any) -> torch.Tensor:
+                col_weight: torch.Tensor | None, rows: torch.Tensor | None, cols: torch.Tensor | None, scale: float,
+                kernel_config: Any, positives: torch.Tensor | None = None) -> torch.Tensor:
         from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
-        loss, dh, dw, dbias = tail_fused_bce_triton(h, idx, w, bias, col_weight, rows, cols, scale,
+        loss, dh, dw, dbias = tail_fused_bce_triton(h, idx, w, bias, col_weight, rows, cols, scale, positives,
                                                     config=kernel_config)
         ctx.grads = (dh, dw, dbias)
         return loss
@@ -118,7 +118,7 @@ class FusedTailBCE(torch.autograd.Function):
         grads, ctx.grads = ctx.grads, None
         dh, dw, dbias = (None if g is None or not need else g.mul_(grad)
                          for g, need in zip(grads, ctx.needs_input_grad[:3]))
-        return dh, dw, dbias, None, None, None, None, None, None
+        return dh, dw, dbias, None, None, None, None, None, None, None
 
 
 def check_backend_device(backend: str, device: torch.device | str) -> None:
@@ -282,13 +282,16 @@ class HasteOutput(nn.Module):
             z = SlotTail.apply(h.to(dtype), self.tail_weight.to(dtype), None, self.tail_index, self.kernels)
             return (z.reshape(h.shape[0], *self.tail_bias.shape) + self.tail_bias).reshape(z.shape)
 
-    def tail_bce_loss(self, h: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, scale: float) -> torch.Tensor:
+    def tail_bce_loss(self, h: torch.Tensor, rows: torch.Tensor | None, cols: torch.Tensor | None, scale: float,
+                      positives: torch.Tensor | None = None) -> torch.Tensor:
         """scale * the tail's BCE-with-logits loss summed over its valid columns (backend
         triton-fused-loss), fused with its gradients: the tail's logits are never written.
 
         h: [B, H] (the tail reads its first tail_dims dims); rows, cols int64 [P]: the positives as
         (batch row, tail column in internal tail order); pairs whose column lies outside the tail
-        are ignored. Under autocast the products run in its dtype and the bias in fp32, as in ``_tail``.
+        are ignored. ``positives`` may give them already as the kernel reads them (``tail_positive_bits``
+        of rows and cols: fixed-shape, as a CUDA graph needs), and rows and cols are then unused.
+        Under autocast the products run in its dtype and the bias in fp32, as in ``_tail``.
         """
         if self.backend != "triton-fused-loss":
             raise ConfigError(f"the fused tail loss needs tail_backend triton-fused-loss, not {self.backend}")
@@ -300,7 +303,7 @@ class HasteOutput(nn.Module):
         with torch.autocast(h.device.type, enabled=False):
             x = h if dtype is None else h.to(dtype)
             return FusedTailBCE.apply(x, self.tail_weight, self.tail_bias, self.tail_index, col_weight, rows, cols,
-                                      scale, self.kernel_config)
+                                      scale, self.kernel_config, positives)
 
     # ------------------------------------------------------------------------- rewiring
 

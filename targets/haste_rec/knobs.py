@@ -114,6 +114,11 @@ KNOBS = (
              "sharded run exchanges per-table ids and ignores it)"),
     Knob("compile_encoder", "bool", False, category="compile", numerics="reorder",
          why="torch.compile fuses the encoder's elementwise ops into its matmuls; costs compile time at start"),
+    Knob("dense_cuda_graph", "bool", False, category="compile", numerics="reorder",
+         active_when=(("tail_backend", ("triton-fused-loss",)), ("precision", ("fp32", "bf16")),
+                      ("compile_encoder", (False,))),
+         why="replay the encoder, head, fused tail and losses, forward and backward, as CUDA graphs: one launch "
+             "per phase where a host-bound step launched dozens (CUDA only; captured again after each rewire)"),
     Knob("optimizer_impl", "choice", "default", category="kernel", numerics="reorder",
          choices=("default", "for-loop", "foreach", "fused"),
          why="default lets torch pick; foreach batches parameter updates; fused runs Adam/SGD as one kernel per group"),

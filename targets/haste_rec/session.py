@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch
+from targets.haste_rec.dense_graph import DenseGraphs, check_dense_graph
 from targets.haste_rec.haste import check_backend_device
 from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
@@ -64,6 +65,8 @@ class HasteRecSession:
         self.data, self.size, self.config, self.device = data, size, dict(config), device
         self.batch_size = size.batch_size
         check_backend_device(config["tail_backend"], device)  # a config error before any process starts
+        if config["dense_cuda_graph"]:
+            check_dense_graph(config, device)
         self.batches = loader_first(data, size, config, device)
         self.model = HasteRecModel(data, size, config, kernels, device, seed)
         self.timer = PhaseTimer(device)
@@ -83,6 +86,7 @@ class HasteRecSession:
         self.valid = out.valid_mask.to(device)
         self.position = out.internal_position.to(device)
         self.fused_tail_loss = config["tail_backend"] == "triton-fused-loss"
+        self.dense_graphs = DenseGraphs(self) if config["dense_cuda_graph"] else None
 
     # -- the step ------------------------------------------------------------------------------
     def _cast_context(self):
@@ -157,7 +161,9 @@ class HasteRecSession:
         phase = self.timer
         with phase("data"):
             batch = next(self.batches)
-        if self.fused_tail_loss:
+        if self.dense_graphs is not None:
+            loss = self.dense_graphs.loss(batch)
+        elif self.fused_tail_loss:
             loss = self.fused_loss(batch)
         else:
             logits = self.forward(batch)

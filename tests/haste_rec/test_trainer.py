@@ -177,11 +177,11 @@ def test_semantic_grouping_beats_random_grouping():
 
 def _single_knob_changes():
     """Every non-default value of every choice/bool knob, alone (compile is left to the benchmarks:
-    its first CPU compile takes half a minute)."""
+    its first CPU compile takes half a minute; the CUDA graphs to test_dense_graph.py)."""
     for knob in KNOB_SPACE:
         values = (True,) if knob.kind == "bool" and not knob.default else knob.choices
         for value in values:
-            if value == knob.default or knob.name == "compile_encoder":
+            if value == knob.default or knob.name in ("compile_encoder", "dense_cuda_graph"):
                 continue
             change = {knob.name: value}
             if knob.name == "embedding_placement":

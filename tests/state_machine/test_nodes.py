@@ -271,8 +271,8 @@ def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: di
 
 def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
     """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
-    that run's history up to #12: the proposer now offers 3xTF32, TF32 for the tail alone and packed batches
-    before any sweep, and sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6,
+    that run's history up to #12: the proposer now offers the dense CUDA graphs, 3xTF32, TF32 for the tail
+    alone and packed batches before any sweep, and sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6,
     x1.2 slower)."""
     at = replayed(state, ctx, "h200_large_after_10.json", "large", {}, [
         (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
@@ -282,8 +282,9 @@ def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches
         (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
         (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:3]] == ["offline:tf32x3-tail", "offline:tf32-tail",
-                                                   "offline:packed-batches"]
+    # first the CUDA graphs of the dense part (session 9: the step is host-bound, 38% of it launch gaps)
+    assert [p.proposer for p in proposals[:4]] == ["offline:dense-cuda-graph", "offline:tf32x3-tail",
+                                                   "offline:tf32-tail", "offline:packed-batches"]
     assert not any("tail_backend" in p.patch for p in proposals)
 
 
@@ -303,8 +304,8 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
     """Replayed on the real profile of the second 2026-11-30 `large-cached` run after its one win (#1, the
     fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
     optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
-    sweep's plausibility is shared among its values: the loader workers come next after TF32 for the tail
-    alone and the embedding rules."""
+    sweep's plausibility is shared among its values: the loader workers come next after the dense CUDA graphs,
+    TF32 for the tail alone and the embedding rules."""
     at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
         (1, {"tail_backend": "triton-fused-loss"}, True),
         (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, False),
@@ -312,10 +313,11 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
         (5, {"optimizer_impl": "foreach"}, False), (6, {"tail_fp32_dot": "tf32x3"}, False),
         (7, {"precision": "bf16-autocast"}, False), (8, {"matmul_precision": "high"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:4]] == ["offline:tf32-tail", "offline:triton-embeddings",
-                                                   "offline:host-pooling", "offline:loader-workers"]
+    assert [p.proposer for p in proposals[:5]] == ["offline:dense-cuda-graph", "offline:tf32-tail",
+                                                   "offline:triton-embeddings", "offline:host-pooling",
+                                                   "offline:loader-workers"]
     first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 6  # the six rules the findings still trigger go first
+    assert first_sweep == 7  # the seven rules the findings still trigger go first
 
 
 @pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
