@@ -109,7 +109,7 @@ KNOBS = (
          why="copy the next batch to the device on a side stream while the current step runs (CUDA only)"),
     Knob("pack_batches", "bool", False, category="data", numerics="exact",
          why="the loader flattens each batch's sparse features into the embedding store's shared row space and "
-             "packs the batch into at most four tensors: one pin, hand-over and copy each instead of one per "
+             "packs the batch into one byte buffer: one pin, hand-over and copy instead of one per "
              "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process; a "
              "sharded run exchanges per-table ids and ignores it)"),
     Knob("compile_encoder", "bool", False, category="compile", numerics="reorder",

@@ -151,5 +151,4 @@ class TableLayout:
     def pack(self, batch: Batch) -> PackedBatch:
         """``batch`` as the loader packs it (knob pack_batches): ``flatten`` on the host, the labels beside it."""
         ids, offsets, weights = self.flatten(batch, CPU)
-        return PackedBatch(sparse=torch.cat([ids, offsets]), weights=weights, dense=batch.dense,
-                           label_part=torch.cat([batch.labels, batch.label_offsets]), nnz=ids.numel())
+        return PackedBatch.pack(ids, offsets, weights, batch.dense, batch.labels, batch.label_offsets)

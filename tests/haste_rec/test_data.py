@@ -174,8 +174,8 @@ def test_spec_rejects_inconsistent_tables() -> None:
 
 
 @pytest.mark.parametrize("weighted", [(False, False, False), (True, False, True)], ids=["unweighted", "mixed"])
-def test_a_packed_batch_holds_the_flattened_batch_in_a_few_tensors(data: SyntheticData, weighted) -> None:
-    """TableLayout.pack gives what flatten gives, in at most four tensors, and moves whole."""
+def test_a_packed_batch_holds_the_flattened_batch_in_one_buffer(data: SyntheticData, weighted) -> None:
+    """TableLayout.pack gives what flatten gives, every tensor a view of one byte buffer, and moves whole."""
     from targets.haste_rec.row_ops import TableLayout
     batch = data.train_batch(3)
     weights = [torch.rand(ids.numel()) if w else None for ids, w in zip(batch.ids, weighted)]
@@ -186,8 +186,15 @@ def test_a_packed_batch_holds_the_flattened_batch_in_a_few_tensors(data: Synthet
     got = layout.flatten(packed, torch.device("cpu"))
     assert all((g is None and w is None) or torch.equal(g, w) for g, w in zip(got, want))
     assert torch.equal(packed.ids, want[0]) and torch.equal(packed.offsets, want[1])
-    assert len(packed.tensors()) == (4 if any(weighted) else 3) < len(batch.tensors())
+    (buffer,) = packed.tensors()
+    assert buffer.dtype == torch.uint8 and buffer.numel() == packed.layout.nbytes
+    storage = buffer.untyped_storage().data_ptr()
+    views = [packed.sparse, packed.dense, packed.label_part] + ([packed.weights] if any(weighted) else [])
+    assert all(t.untyped_storage().data_ptr() == storage for t in views)  # one storage crosses to the trainer
+    assert packed.weights is None if not any(weighted) else torch.equal(packed.weights, want[2])
     assert packed.batch_size == batch.batch_size and torch.equal(packed.dense, batch.dense)
     assert torch.equal(packed.labels, batch.labels) and torch.equal(packed.label_offsets, batch.label_offsets)
-    moved = packed.to("cpu", sparse=False)
-    assert moved.sparse is packed.sparse and torch.equal(moved.label_part, packed.label_part)
+    moved = packed.to("cpu", sparse=False)  # host tables: the sparse bytes stay, the rest moves
+    assert moved.apart is not None and moved.buffer.numel() == packed.layout.split
+    assert moved.sparse.data_ptr() == packed.sparse.data_ptr() and torch.equal(moved.label_part, packed.label_part)
+    assert torch.equal(moved.dense, batch.dense) and torch.equal(moved.to("cpu").ids, packed.ids)
