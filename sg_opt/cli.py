@@ -127,7 +127,9 @@ def bench(
     vs: Optional[str] = typer.Option(None, "--vs", help="a second config (TOML) to measure side by side against "
                                                         "this one: interval and verdict"),
     blocks: int = typer.Option(10, min=2, help="--vs: interleaved blocks per side (even)"),
-    block_steps: int = typer.Option(5, min=1, help="--vs: steps per block"),
+    block_steps: int = typer.Option(5, min=1, help="--vs: steps per block (at least)"),
+    block_seconds: float = typer.Option(0.3, "--block-seconds", min=0.0, help="--vs: the least a block lasts, "
+                                        "as in the agent's measurements (0: --block-steps alone)"),
     floor: Optional[float] = typer.Option(None, min=0.0, help="--vs: noise floor (default: A/A calibration)"),
     save: Optional[str] = typer.Option(None, "--save", help="also take the numerics fingerprint and save both, with "
                                                             "the environment, to this JSON file for "
@@ -150,7 +152,7 @@ def bench(
             fail(str(exc))
     if vs is not None:
         _bench_vs(target, size, overrides, _inputs(target, size, vs, [], data), data, device, warmup, threads,
-                  ranks, timeout, blocks, block_steps, floor, as_json)
+                  ranks, timeout, blocks, block_steps, block_seconds, floor, as_json)
         return
     on = f"{ranks} ranks on {device}" if ranks > 1 else device
     with console.status(f"benchmarking {target} @ {size} on {on} ..."):
@@ -169,8 +171,8 @@ def bench(
 
 
 def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: str | None, device: str, warmup: int,
-              threads: int | None, ranks: int, timeout: float, blocks: int, block_steps: int, floor: float | None,
-              as_json: bool) -> None:
+              threads: int | None, ranks: int, timeout: float, blocks: int, block_steps: int, block_seconds: float,
+              floor: float | None, as_json: bool) -> None:
     from sg_opt.compare import compare, render
     from targets.worker_protocol import WorkerRequest
 
@@ -181,7 +183,7 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
     with console.status("calibrating the noise floor (A/A), then measuring side by side ..."):
         try:
             result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
-                                    blocks, block_steps, timeout, floor)
+                                    blocks, block_steps, timeout, floor, block_seconds)
         except RuntimeError as exc:  # the incumbent itself failed during calibration
             fail(str(exc), code=1)
     if as_json:

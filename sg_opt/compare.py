@@ -14,11 +14,13 @@ from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, meas
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
-            floor: float | None) -> tuple[ABResult, NoiseFloor | float]:
-    """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it."""
+            floor: float | None, block_seconds: float = 0.0) -> tuple[ABResult, NoiseFloor | float]:
+    """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it, in blocks of
+    at least ``block_steps`` steps and ``block_seconds``."""
     noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
-        incumbent, blocks, block_steps, timeout_s)
-    return measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise), noise
+        incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds)
+    return measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise,
+                      block_seconds=block_seconds), noise
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:

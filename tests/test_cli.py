@@ -125,6 +125,7 @@ def test_bench_vs_names_sides_interval_and_verdict(tmp_path):
     payload = json.loads(result.stdout)
     assert payload["a"]["label"] == "incumbent" and payload["b"]["spec"]["config"] == {"embedding_grad_mode": "fused"}
     assert payload["ratio_definition"].startswith("candidate_time / incumbent_time")
+    assert payload["block_seconds"] == 0.3  # blocks as long as the agent's
     # fused row-wise updates remove tiny's dense table gradient: about 5x, far beyond the 0.5 floor
     assert payload["ci_low"] <= payload["ratio"] <= payload["ci_high"] and payload["verdict"] == "faster"
 
