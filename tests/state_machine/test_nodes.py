@@ -413,3 +413,25 @@ def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypa
     # block_steps was sized on a 115 ms baseline; a 9 ms incumbent's blocks must still last 0.3 s
     assert seen["steps_per_block"] == 3 and seen["block_seconds"] == 0.3
     assert seen["config"]["embedding_grad_mode"] == "fused"
+
+
+S9_LARGE_HISTORY = [  # the 2026-11-30 session-9 `large` run (docs/results/2026-11-30-h200x2-large-drained/)
+    (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
+    (3, {"data_workers": 2}, True), (4, {"tail_fp32_dot": "tf32x3"}, True), (5, {"compile_encoder": True}, False),
+    (6, {"pin_memory": True, "prefetch_to_device": True}, False), (7, {"pack_batches": True}, True),
+    (8, {"tail_fp32_dot": "tf32"}, False), (9, {"precision": "bf16-autocast"}, False),
+    (10, {"matmul_precision": "high"}, False), (11, {"embedding_backend": "triton"}, False)]
+
+
+def test_the_host_bound_h200_large_step_goes_to_the_dense_cuda_graphs(state, ctx):
+    """Replayed on the real profile of the session-9 `large` run after its last win (#7: 11.4 ms of host work
+    in a 13.1 ms step, 38% of it launch gaps) with its history to #11: the CUDA graphs of the dense part come
+    first, and the rejected TF32 tail is not offered again in that run."""
+    at = replayed(state, ctx, "h200_large_s9_after_7.json", "large", {}, S9_LARGE_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    assert proposals[0].patch == {"dense_cuda_graph": True}
+    assert all(p.patch != {"tail_fp32_dot": "tf32"} for p in proposals)
+    # not from a tail the graphs cannot capture: with the autograd tail the knob would do nothing
+    unfused = at.model_copy(update={"incumbent": at.incumbent.model_copy(update={"config": {
+        **at.incumbent.config, "tail_backend": "triton"}})})
+    assert all("dense_cuda_graph" not in p.patch for p in propose_offline(unfused, ctx, limit=200))
