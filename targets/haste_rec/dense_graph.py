@@ -90,12 +90,11 @@ class DenseGraphs:
         out = s.model.output
         self.parts = None  # the old graphs' memory goes before the new ones take theirs
         self._keep = slot_csr(out.tail_index, out.tail_dims)
-        h = torch.zeros(pooled.shape[0], out.hidden, device=pooled.device, dtype=s.compute_dtype,
-                        requires_grad=True)
-        head = torch.zeros(pooled.shape[0], out.n_head, device=pooled.device, dtype=s.compute_dtype,
-                           requires_grad=True)
+        def leaf(columns: int) -> torch.Tensor:  # a sample input of its own for each part that takes one
+            return torch.zeros(pooled.shape[0], columns, device=pooled.device, dtype=s.compute_dtype,
+                               requires_grad=True)
         samples = ((pooled.detach().clone().requires_grad_(pooled.requires_grad), dense.detach().clone()),
-                   (h,), (h, bits.clone()), (head, targets.clone()))
+                   (leaf(out.hidden),), (leaf(out.hidden), bits.clone()), (leaf(out.n_head), targets.clone()))
         self.parts = tuple(torch.cuda.make_graphed_callables(self._modules(), samples,
                                                              num_warmup_iters=WARMUP_ITERS,
                                                              allow_unused_input=True))
