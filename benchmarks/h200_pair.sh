@@ -13,6 +13,8 @@
 # (13.3 GB of host tables updated every step) measured a 10.6% noise floor next to `large` on 2026-11-30,
 # and its fresh re-measurement differed from the run's own by 13%.
 #
+# A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
+# its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
 # Usage: OUT=/dir SLICE=540 A="SIZE=large MINUTES=16" \
@@ -20,16 +22,22 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; SLICE=${SLICE:-540}
 cpus=$(nproc); half=$((cpus / 2))
-lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY
+lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
     mkdir -p "$OUT/$1"
-    env $4 OUT="$OUT/$1" RUNS="runs/pair-$1" SLICE="$SLICE" CARRY="$5" VS=0 CUDA_VISIBLE_DEVICES="$2" \
+    if [ -n "$6" ]; then  # a command for this lane's GPU and CPUs first (its output in $OUT/NAME/pre)
+        CUDA_VISIBLE_DEVICES="$2" OUT="$OUT/$1/pre" taskset -c "$3-$(($3 + half - 1))" bash -c "$6" \
+            > "$OUT/$1/pre.log" 2>&1
+    fi
+    env SLICE="$SLICE" $4 OUT="$OUT/$1" RUNS="runs/pair-$1" CARRY="$5" VS=0 CUDA_VISIBLE_DEVICES="$2" \
         taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
 }
-lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" &
-lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" &
+lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" "${PRE_A:-}" &
+lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" "${PRE_B:-}" &
 wait
 for name in a b; do
-    echo "== run $name ($([ "$name" = a ] && echo "$A" || echo "$B"))"; cat "$OUT/$name/lane.log"
+    echo "== run $name ($([ "$name" = a ] && echo "$A" || echo "$B"))"
+    [ -f "$OUT/$name/pre.log" ] && tail -40 "$OUT/$name/pre.log"
+    cat "$OUT/$name/lane.log"
     run=$(ls -d "runs/pair-$name"/*/ 2>/dev/null | head -1)
     if [ "${BENCH:-1}" = 1 ] && [ -n "$run" ] && [ -f "$run/best_config.toml" ] && [ -f "$run/report.md" ]; then
         settings=$([ "$name" = a ] && echo "$A" || echo "$B")
