@@ -19,7 +19,9 @@ captured again after every rewire; the capture keeps the CSR it used alive.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+import contextlib
+import functools
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +41,20 @@ def check_dense_graph(config: Mapping[str, Any], device: torch.device) -> None:
         raise ConfigError("dense_cuda_graph needs tail_backend triton-fused-loss")
     if config["precision"] == "bf16-autocast" or config["compile_encoder"]:
         raise ConfigError("dense_cuda_graph cannot capture bf16 autocast or a compiled encoder")
+
+
+@contextlib.contextmanager
+def _thread_local_capture() -> Iterator[None]:
+    """make_graphed_callables captures in CUDA's "global" mode, which forbids other threads' unsafe calls while
+    it captures; the loader's pin-memory thread makes them (the pinned allocator queries its events). Its
+    captures here use "thread_local" mode: only this thread's stream is captured, and other threads go on.
+    (torch.cuda.graph is looked up at call time; make_graphed_callables takes no mode of its own.)"""
+    original = torch.cuda.graph
+    torch.cuda.graph = functools.partial(original, capture_error_mode="thread_local")
+    try:
+        yield
+    finally:
+        torch.cuda.graph = original
 
 
 class _Part(nn.Module):
@@ -90,14 +106,16 @@ class DenseGraphs:
         out = s.model.output
         self.parts = None  # the old graphs' memory goes before the new ones take theirs
         self._keep = slot_csr(out.tail_index, out.tail_dims)
+
         def leaf(columns: int) -> torch.Tensor:  # a sample input of its own for each part that takes one
             return torch.zeros(pooled.shape[0], columns, device=pooled.device, dtype=s.compute_dtype,
                                requires_grad=True)
         samples = ((pooled.detach().clone().requires_grad_(pooled.requires_grad), dense.detach().clone()),
                    (leaf(out.hidden),), (leaf(out.hidden), bits.clone()), (leaf(out.n_head), targets.clone()))
-        self.parts = tuple(torch.cuda.make_graphed_callables(self._modules(), samples,
-                                                             num_warmup_iters=WARMUP_ITERS,
-                                                             allow_unused_input=True))
+        with _thread_local_capture():
+            self.parts = tuple(torch.cuda.make_graphed_callables(self._modules(), samples,
+                                                                 num_warmup_iters=WARMUP_ITERS,
+                                                                 allow_unused_input=True))
         self.index_version = out.tail_index._version
         self.captures += 1
 

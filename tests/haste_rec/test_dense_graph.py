@@ -43,8 +43,8 @@ def test_a_cpu_session_refuses_it_before_starting_its_loader(monkeypatch):
         build(KNOB_SPACE.resolve({**FUSED, "dense_cuda_graph": True, "data_workers": 2}), "tiny", {}, "cpu", 0)
 
 
-def _trajectory(graphed: bool, steps: int) -> tuple[list[float], list[torch.Tensor], object]:
-    config = KNOB_SPACE.resolve({**FUSED, "dense_cuda_graph": graphed, "rewire_every": 3})
+def _trajectory(graphed: bool, steps: int, data: dict) -> tuple[list[float], list[torch.Tensor], object]:
+    config = KNOB_SPACE.resolve({**FUSED, **data, "dense_cuda_graph": graphed, "rewire_every": 3})
     session = build(config, "tiny", {}, "cuda", 0)
     losses = [float(session.step()) for _ in range(steps)]
     params = [p.detach().clone() for p in (*session.model.encoder.parameters(),
@@ -54,9 +54,11 @@ def _trajectory(graphed: bool, steps: int) -> tuple[list[float], list[torch.Tens
 
 
 @GPU_ONLY
-def test_graphs_train_along_the_eager_trajectory_across_a_rewire():
-    eager_losses, eager_params, _ = _trajectory(False, 8)
-    losses, params, session = _trajectory(True, 8)
+@pytest.mark.parametrize("data", [{}, {"data_workers": 2, "pin_memory": True, "prefetch_to_device": True}],
+                         ids=["in-process", "pinned-workers"])  # the pin-memory thread runs during the captures
+def test_graphs_train_along_the_eager_trajectory_across_a_rewire(data):
+    eager_losses, eager_params, _ = _trajectory(False, 8, data)
+    losses, params, session = _trajectory(True, 8, data)
     assert session.dense_graphs.captures == 3  # at the first step, then after the rewires at steps 3 and 6
     assert losses == pytest.approx(eager_losses, rel=1e-5, abs=1e-6)
     for got, want in zip(params, eager_params):
@@ -91,9 +93,10 @@ def test_the_graphed_step_computes_the_eager_step_on_the_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if not interpreter_active():
         pytest.skip("Triton's interpreter was not enabled before the kernels were imported")
-    captured = []
+    captured, graph = [], torch.cuda.graph
 
     def uncaptured(parts, samples, **kwargs):
+        assert torch.cuda.graph.keywords == {"capture_error_mode": "thread_local"}  # other threads go on
         captured.append([sorted(id(p) for p in part.parameters()) for part in parts])
         for part, args in zip(parts, samples):  # as make_graphed_callables checks its sample arguments
             assert len(args) == len(inspect.signature(part.fn).parameters)
@@ -107,7 +110,7 @@ def test_the_graphed_step_computes_the_eager_step_on_the_cpu(monkeypatch):
         return [float(session.step()) for _ in range(5)], session
     eager, _ = run(False)
     graphed, session = run(True)
-    assert graphed == eager
+    assert graphed == eager and torch.cuda.graph is graph  # the mode is put back after each capture
     assert session.dense_graphs.captures == len(captured) == 3  # first step, after the rewires at 2 and 4
     model, out = session.model, session.model.output
     assert captured[0] == [sorted(id(p) for p in ps) for ps in (model.encoder.parameters(), out.head_parameters(),
