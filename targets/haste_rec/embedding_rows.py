@@ -216,7 +216,7 @@ class _CachedRows(_Rows):
     def fused_update(self, lookup, grad_pooled):
         """The Triton update over cache slots when one round fits both caches (it does whenever the caches
         are planned with the batch's distinct rows as their floor, as the trainer plans them)."""
-        if self.fused_kernel is None or self._round_count(lookup.rows) > 1:
+        if self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1:
             return super().fused_update(lookup, grad_pooled)
         param_slots = self.params.prepare(lookup.rows, record=False)  # resident since the lookup
         self.state_slot_of[param_slots] = self.states.prepare(lookup.rows, record=True)
@@ -236,12 +236,13 @@ class _CachedRows(_Rows):
         """Positions of `rows` in rounds that fit every table's caches: one round unless several
         backwards were accumulated; rows are distinct, so splitting changes no arithmetic."""
         bounds = self.params.bounds(rows)
-        for r in range(self._round_count(rows)):
+        for r in range(self._round_count(bounds)):
             yield torch.cat([torch.arange(min(hi, lo + r * chunk), min(hi, lo + (r + 1) * chunk))
                              for (lo, hi), chunk in zip(bounds, self.chunk)])
 
-    def _round_count(self, rows: torch.Tensor) -> int:
-        return max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(self.params.bounds(rows), self.chunk))
+    def _round_count(self, bounds: list[tuple[int, int]]) -> int:
+        """Rounds needed for rows whose per-table ranges are `bounds` (``TableCaches.bounds``)."""
+        return max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(bounds, self.chunk))
 
     def snapshot(self):
         self.params.flush()
