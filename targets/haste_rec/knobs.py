@@ -104,7 +104,8 @@ KNOBS = (
     Knob("data_workers", "choice", 0, category="data", numerics="exact", choices=(0, 1, 2, 4),
          why="0 builds batches in the training process (simple, no IPC); workers overlap batch building with the step"),
     Knob("pin_memory", "bool", False, category="data", numerics="exact",
-         why="page-locked host batches copy to the device faster and asynchronously (CUDA only)"),
+         why="page-locked host memory for the batches and for host tables' row traffic (rows looked up, their "
+             "gradients, cache moves): copies at bus speed, and to the device asynchronously (CUDA only)"),
     Knob("prefetch_to_device", "bool", False, category="data", numerics="exact",
          why="copy the next batch to the device on a side stream while the current step runs (CUDA only)"),
     Knob("pack_batches", "bool", False, category="data", numerics="exact",

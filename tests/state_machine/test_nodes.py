@@ -304,8 +304,9 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
     """Replayed on the real profile of the second 2026-11-30 `large-cached` run after its one win (#1, the
     fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
     optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
-    sweep's plausibility is shared among its values: the loader workers come next after the dense CUDA graphs,
-    TF32 for the tail alone and the embedding rules."""
+    sweep's plausibility is shared among its values. First come pinned row traffic (the optimizer phase waited
+    26.8 ms on a pageable copy of row gradients), then the dense CUDA graphs, TF32 for the tail alone, the
+    embedding rules and the loader workers."""
     at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
         (1, {"tail_backend": "triton-fused-loss"}, True),
         (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, False),
@@ -313,11 +314,11 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
         (5, {"optimizer_impl": "foreach"}, False), (6, {"tail_fp32_dot": "tf32x3"}, False),
         (7, {"precision": "bf16-autocast"}, False), (8, {"matmul_precision": "high"}, False)])
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:5]] == ["offline:dense-cuda-graph", "offline:tf32-tail",
-                                                   "offline:triton-embeddings", "offline:host-pooling",
-                                                   "offline:loader-workers"]
+    assert [p.proposer for p in proposals[:6]] == ["offline:pinned-row-traffic", "offline:dense-cuda-graph",
+                                                   "offline:tf32-tail", "offline:triton-embeddings",
+                                                   "offline:host-pooling", "offline:loader-workers"]
     first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 7  # the seven rules the findings still trigger go first
+    assert first_sweep == 8  # the eight rules the findings still trigger go first
 
 
 @pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
