@@ -136,11 +136,13 @@ def test_partial_write_is_caught_at_the_unwritten_group():
     verdict = _check("partial_write")
     # The NaN poison makes the unwritten group read NaN where malloc reuses the freed block (glibc
     # usually does for this size); where it does not, the unwritten group holds whatever the memory
-    # held before: bytes that fail the accuracy check, or an earlier call's output (`stale`).
+    # held before: bytes that fail the accuracy check, some that read as NaN (a clean-clone run on the
+    # 2-core VM, 2026-11-30: 1 of the group's 448), or an earlier call's output (`stale`).
     assert not verdict.ok
     assert verdict.check in ("non-finite", "accuracy", "stale"), verdict.reason
     if verdict.check == "non-finite":
-        assert verdict.reason.startswith("tail_forward returned 448 NaN/inf values")  # B=64 x G=7: one group
+        count = int(re.match(r"tail_forward returned (\d+) NaN/inf values", verdict.reason).group(1))
+        assert 1 <= count <= 448, verdict.reason  # B=64 x G=7: at most the one unwritten group
 
 
 def test_special_cased_shapes_fail_on_a_shape_they_do_not_know():
