@@ -108,8 +108,11 @@ class _Rows(ABC):
         return dict.fromkeys(COUNTERS, 0.0) | {"lookup_bytes_h2d": self.bytes_h2d, "lookup_bytes_d2h": self.bytes_d2h}
 
 
-def _host_buffers(init: torch.Tensor, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return (init.pin_memory() if pinned else init), torch.zeros(init.shape[0], 1, pin_memory=pinned)
+def _host_buffers(init: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host weights and state. Pageable even under pin_memory: every transfer of their rows goes through a
+    pinned staging buffer (``row_cache.gather_to_device``, ``to_host``), so page-locking whole tables (13.3 GB
+    at size large-cached, copied at every build) would buy nothing."""
+    return init, torch.zeros(init.shape[0], 1)
 
 
 class _DeviceRows(_Rows):
@@ -162,7 +165,7 @@ class _HostRows(_Rows):
 
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig):
         super().__init__(device, cfg)
-        self.weight, self.state = _host_buffers(init, self.pinned)
+        self.weight, self.state = _host_buffers(init)
 
     def lookup(self, ids, offsets, weights, record):
         if self.cfg.pool_on_host:  # only [bags, dim] crosses; backward brings d(pooled) back to the host
@@ -200,7 +203,7 @@ class _CachedRows(_Rows):
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig, layout: TableLayout,
                  capacities: Sequence[int], state_capacities: Sequence[int]):
         super().__init__(device, cfg)
-        weight, state = _host_buffers(init, self.pinned)
+        weight, state = _host_buffers(init)
         self.params, self.states = (TableCaches(host, layout.table_rows, caps, cfg.eviction, device, cfg.pin_memory,
                                                 name) for host, caps, name in
                                     ((weight, capacities, "row cache"), (state, state_capacities, "state cache")))
