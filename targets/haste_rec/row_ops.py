@@ -22,7 +22,8 @@ def rowwise_adagrad_(weights: torch.Tensor, state: torch.Tensor, grads: torch.Te
     """One row-wise Adagrad step in place on (weights [n, dim], state [n, 1]) with ``grads`` [n, dim]:
     state += mean(g^2), then w -= lr * g / (sqrt(state) + eps), each operation rounded as written (so in
     place or not, the same bits), with one temporary the size of ``grads`` instead of four: on the 2-core
-    VM, 80K rows of 128 out of a 6.5M-row host table took 57-65 ms against 87-100 ms."""
+    VM, 80K rows of 128 out of a 6.5M-row host table took 56-60 ms against 75-77 ms written out of place
+    (the fastest three of six rounds each, ``python benchmarks/host_adagrad.py``)."""
     state += grads.pow(2).mean(dim=1, keepdim=True)
     weights.sub_(grads.mul(lr).div_(state.sqrt().add_(eps)))
 
