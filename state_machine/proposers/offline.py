@@ -95,8 +95,9 @@ CATALOG: tuple[Rule, ...] = (
          "one pooled lookup over all tables in one launch", devices=("cuda",)),
     Rule("pinned-row-traffic", ("optimizer", "embedding-bound"), {"pin_memory": True}, 0.6,
          "host tables' rows and row gradients cross the bus through page-locked buffers: one DMA at bus speed "
-         "where pageable memory is staged by the driver (at large-cached, 26.8 ms of a 52 ms optimizer phase "
-         "waited on that copy)", devices=("cuda",), requires={"embedding_placement": ("host", "cached")}),
+         "where pageable memory is staged by the driver (at large-cached with host tables, the optimizer phase "
+         "waited on the device 26.8 ms of its 52)", devices=("cuda",),
+         requires={"embedding_placement": ("host", "cached")}),
     Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
          "only pooled vectors cross the bus", requires={"embedding_placement": ("host", "cached")}),
     Rule("device-cache", ("embedding-bound", "optimizer", "data-wait"),

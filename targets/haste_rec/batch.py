@@ -112,8 +112,9 @@ class PackedLayout:
 class PackedBatch:
     """A batch with its sparse features flattened into the embedding store's shared row space (what
     ``TableLayout.flatten`` gives for a ``Batch``), every tensor a view of one byte buffer: the worker hands
-    the trainer one shared-memory storage, and one copy takes it to the device (at `large`, receiving a batch
-    of three tensors from a loader worker took 1.4-2.3 ms on a 2-core VM, of one 0.8-1.3 ms).
+    the trainer one shared-memory storage, and one copy takes it to the device (at `large` on a 2-core VM,
+    taking a batch from 2 workers' full queues: medians 2.97 and 3.79 ms with three storages, 2.28 and 2.24
+    with one; ``python benchmarks/loader_handover.py``).
 
     ``buffer`` holds the sections of ``layout``; after ``to(device, sparse=False)`` it holds only those before
     ``layout.split``, and ``apart`` the sparse features' bytes, left where they were."""

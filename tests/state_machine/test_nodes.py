@@ -305,7 +305,7 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
     fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
     optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
     sweep's plausibility is shared among its values. First come pinned row traffic (the optimizer phase waited
-    26.8 ms on a pageable copy of row gradients), then the dense CUDA graphs, TF32 for the tail alone, the
+    26.8 ms of its 52 on the device, where row gradients come down), then the dense CUDA graphs, TF32 for the tail alone, the
     embedding rules and the loader workers."""
     at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
         (1, {"tail_backend": "triton-fused-loss"}, True),
