@@ -24,7 +24,6 @@ import functools
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from targets.protocol import ConfigError
@@ -90,13 +89,11 @@ class DenseGraphs:
         s = self.session
         out, batch_size = s.model.output, s.batch_size
         return (
-            _Part(lambda pooled, dense: s.encoder(torch.cat([pooled, dense], dim=1).to(s.compute_dtype)),
-                  s.model.encoder.parameters()),
+            _Part(lambda pooled, dense: s.encoder(s._encoder_input(pooled, dense)), s.model.encoder.parameters()),
             _Part(out.head_logits, out.head_parameters()),
             _Part(lambda h, bits: out.tail_bce_loss(h, None, None, 1.0 / batch_size, positives=bits),
                   out.tail_parameters()),
-            _Part(lambda head, targets: F.binary_cross_entropy_with_logits(head.float(), targets, reduction="sum")
-                  / batch_size, ()),
+            _Part(lambda head, targets: s._head_loss(head, targets, batch_size), ()),
         )
 
     def _capture(self, pooled: torch.Tensor, dense: torch.Tensor, bits: torch.Tensor,

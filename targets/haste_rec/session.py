@@ -120,8 +120,15 @@ class HasteRecSession:
         with phase("embed"):
             pooled = self.model.embeddings(batch)
         with phase("encoder"):
-            x = torch.cat([pooled, batch.dense], dim=1).to(self.compute_dtype)
-            return self.encoder(x)
+            return self.encoder(self._encoder_input(pooled, batch.dense))
+
+    def _encoder_input(self, pooled: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return torch.cat([pooled, dense], dim=1).to(self.compute_dtype)
+
+    @staticmethod
+    def _head_loss(head: torch.Tensor, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """The head's BCE summed over its columns, over the batch size (the fused-loss step's head term)."""
+        return F.binary_cross_entropy_with_logits(head.float(), targets, reduction="sum") / batch_size
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [B, internal columns] for a batch, each part in its phase."""
@@ -154,8 +161,7 @@ class HasteRecSession:
                 tail = out.tail_bce_loss(h, rows, cols - out.n_head, 1.0 / batch.batch_size)
         with phase("loss"):
             head_targets = self._head_targets(rows, cols, batch.batch_size)
-            head_total = F.binary_cross_entropy_with_logits(head.float(), head_targets, reduction="sum")
-            return head_total / batch.batch_size + tail
+            return self._head_loss(head, head_targets, batch.batch_size) + tail
 
     def step(self) -> torch.Tensor:
         phase = self.timer
