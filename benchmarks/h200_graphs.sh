@@ -22,6 +22,4 @@ echo "== profile with the graphs"
 timeout 240 python3 -m sg_opt.cli profile --target haste-rec --size large --device cuda --config "$graph" --json \
     > "$OUT/profile_graph.json" 2> "$OUT/profile_graph.err"
 echo "rc $?"
-python3 -c "import sys; from rich.console import Console; from profilers.records import ProfileResult
-from sg_opt.profile_view import render; render(ProfileResult.model_validate_json(open(sys.argv[1]).read()),
-Console(width=140))" "$OUT/profile_graph.json" 2>/dev/null | sed -n '1,30p' || tail -5 "$OUT/profile_graph.err"
+python3 -m sg_opt.profile_view "$OUT/profile_graph.json" 2>/dev/null | sed -n '1,30p' || tail -5 "$OUT/profile_graph.err"

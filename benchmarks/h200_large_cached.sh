@@ -18,9 +18,7 @@ profile() {  # name, then --set args
         --config examples/haste_rec_large_cached.toml --steps 10 --warmup 5 "$@" --json > "$OUT/$name.json" \
         2> "$OUT/$name.err"
     echo "rc $?"
-    python3 -c "import sys; from rich.console import Console; from profilers.records import ProfileResult
-from sg_opt.profile_view import render; render(ProfileResult.model_validate_json(open(sys.argv[1]).read()),
-Console(width=140))" "$OUT/$name.json" 2>/dev/null | sed -n '1,40p' || tail -5 "$OUT/$name.err"
+    python3 -m sg_opt.profile_view "$OUT/$name.json" 2>/dev/null | sed -n '1,40p' || tail -5 "$OUT/$name.err"
 }
 profile host_tail --set tail_backend=triton-fused-loss
 profile host_tail_data --set tail_backend=triton-fused-loss "${data[@]}"

@@ -107,3 +107,10 @@ def render(result: ProfileResult, console: Console) -> None:
     console.print(found)
     for note in result.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+if __name__ == "__main__":  # python -m sg_opt.profile_view PROFILE.json: a saved `sg-opt profile --json`, shown
+    import sys
+    from pathlib import Path
+
+    render(ProfileResult.model_validate_json(Path(sys.argv[1]).read_text()), Console(width=140))
