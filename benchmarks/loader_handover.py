@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             batch = next(batches)
         per_batch.append((time.perf_counter() - start) / (args.workers * 2))
     storages = len(batch.tensors())
-    print(f"{args.size}, {args.workers} workers, {'unpacked' if args.unpacked else 'packed'} ({storages} storage{"s" if storages > 1 else ""} "
-          f"a batch): " + ", ".join(f"{1e3 * t:.2f}" for t in sorted(per_batch)) + " ms a batch, fastest first")
+    kind = "unpacked" if args.unpacked else "packed"
+    plural = "s" if storages > 1 else ""
+    print(f"{args.size}, {args.workers} workers, {kind} ({storages} storage{plural} a batch): "
+          + ", ".join(f"{1e3 * t:.2f}" for t in sorted(per_batch)) + " ms a batch, fastest first")
     return 0
 
 

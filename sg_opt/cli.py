@@ -284,8 +284,9 @@ def optimize(
                 raise ConfigError("--blocks and --final-blocks must be even, so that each side runs first equally "
                                   "often")
             overrides = _inputs(target, size, config, set_, data, ranks)
+            fixed_blocks = {"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {}
             plan = {"blocks": blocks, "final_blocks": final_blocks, "timeout_s": timeout,
-                    "min_timeout_s": min(60.0, timeout), **({"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {})}
+                    "min_timeout_s": min(60.0, timeout), **fixed_blocks}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,
