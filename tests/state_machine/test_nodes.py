@@ -251,21 +251,25 @@ LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "spar
 
 
 def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
-    """The state of a real H200 run: its history from `steps` (id, patch, accepted), each candidate measured
-    against the incumbent of its time, and the findings of `profile` (that run's profile of its incumbent)."""
+    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio]), each
+    candidate measured against the incumbent of its time, and the findings of `profile` (that run's profile
+    of its incumbent)."""
     result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
-    history, config, incumbent = [], dict(base), None
-    for cid, patch, accepted in steps:
+    history, config, incumbent, est = [], dict(base), None, 1.0
+    for cid, patch, accepted, *ratio in steps:
+        ratio = ratio[0] if ratio else None
         history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
                                  config={**config, **patch},
-                                 verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run")))
+                                 verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run",
+                                                 ratio=ratio)))
         if accepted:
-            config, incumbent = {**config, **patch}, cid
+            config, incumbent, est = {**config, **patch}, cid, est / (ratio or 1.0)
     resolved = ctx.target.knob_space.resolve(config)
     assert {k: resolved[k] for k in config} == {k: result.config[k] for k in config}  # the profile's own config
     return state.model_copy(update={
         "device": "cuda", "size": size, "baseline_config": base, "history": history,
-        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent}),
+        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent,
+                                                        "est_speedup": est}),
         "findings": profile_findings(result.coarse, None, result.counters, resolved)})
 
 
@@ -436,3 +440,39 @@ def test_the_host_bound_h200_large_step_goes_to_the_dense_cuda_graphs(state, ctx
     unfused = at.model_copy(update={"incumbent": at.incumbent.model_copy(update={"config": {
         **at.incumbent.config, "tail_backend": "triton"}})})
     assert all("dense_cuda_graph" not in p.patch for p in propose_offline(unfused, ctx, limit=200))
+
+
+S10_LARGE_HISTORY = [  # the session-10 `large` run (docs/results/2026-11-30-h200x2-large-graphs/), with its ratios
+    (1, {"embedding_grad_mode": "fused"}, True, 0.693), (2, {"tail_backend": "triton-fused-loss"}, True, 0.312),
+    (3, {"data_workers": 2}, True, 0.774), (4, {"tail_fp32_dot": "tf32x3"}, True, 0.749),
+    (5, {"dense_cuda_graph": True}, False, 0.959), (6, {"compile_encoder": True}, False, 0.970),
+    (7, {"pin_memory": True, "prefetch_to_device": True}, False, 0.919), (8, {"pack_batches": True}, True, 0.696)]
+
+
+def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_much_faster(state, ctx):
+    """Replayed on the real profile of the session-10 `large` run after its last win (#8, packed batches: the
+    incumbent x1.44 faster than when #5-7 were timed): the dense CUDA graphs, no-difference at 0.959 against the
+    13.5 ms incumbent, come first again, and say why; once tried again, they are not offered a third time."""
+    at = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    assert proposals[0].patch == {"dense_cuda_graph": True}
+    assert proposals[0].rationale.startswith("tried again: candidate #5 measured 0.959") and "x1.44 faster" in \
+        proposals[0].rationale
+    again = [p.patch for p in proposals if p.rationale.startswith("tried again")]
+    assert {"compile_encoder": True} in again and {"pin_memory": True, "prefetch_to_device": True} in again
+    # not before the incumbent got RETRY_AFTER faster: without #8, none of #5-7 comes back
+    before = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY[:7]
+                      + [(8, {"pack_batches": True}, False, 0.99)])
+    before = before.model_copy(update={"incumbent": at.incumbent.model_copy(update={"est_speedup": 7.98})})
+    assert not [p for p in propose_offline(before, ctx, limit=200) if p.rationale.startswith("tried again")]
+    # tried twice: never again
+    twice = at.model_copy(update={"history": at.history + [Evaluated(
+        candidate=candidate(9, patch={"dense_cuda_graph": True}), incumbent_id=8,
+        config={**at.incumbent.config, "dense_cuda_graph": True},
+        verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.97))]})
+    assert all(p.patch != {"dense_cuda_graph": True} for p in propose_offline(twice, ctx, limit=200))
+    # nor one that measured slower
+    slower = [(cid, patch, ok, 1.02 if cid == 5 else r) for cid, patch, ok, r in S10_LARGE_HISTORY]
+    assert all(p.patch != {"dense_cuda_graph": True}
+               for p in propose_offline(replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, slower),
+                                        ctx, limit=200))

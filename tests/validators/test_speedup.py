@@ -159,7 +159,8 @@ def test_calibration_refuses_a_failed_aa_run(monkeypatch):
 
 @pytest.mark.parametrize("second,accepted", [("faster", True), ("no-difference", False), ("failed", False)])
 def test_a_win_is_accepted_only_if_fresh_processes_confirm_it(monkeypatch, second, accepted):
-    calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE), result_for(INCUMBENT, CANDIDATE, second))
+    calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE),
+                     result_for(INCUMBENT, CANDIDATE, second, 0.99, (0.95, 1.02)))
     confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60)
     assert confirmation.accepted is accepted and len(confirmation.runs) == 2 and len(calls) == 2
 
@@ -169,6 +170,72 @@ def test_no_win_means_no_second_measurement_and_swaps_are_caught(monkeypatch):
     assert not confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60).accepted and len(calls) == 1
     with pytest.raises(SidesMismatch, match="swapped"):
         confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60, first=result_for(CANDIDATE, INCUMBENT))
+
+
+def timed(a: WorkerRequest, b: WorkerRequest, a_medians, b_medians, floor: float = 0.01, seed: int = 0) -> ABResult:
+    """A result as measure_ab makes it from the two sides' block medians (one step a block)."""
+    stats = analyse([[m] for m in a_medians], [[m] for m in b_medians], floor, seed=seed)
+    result = result_for(a, b, stats.verdict, stats.ratio, (stats.ci_low, stats.ci_high))
+    result.a.block_medians, result.b.block_medians = stats.a_medians, stats.b_medians
+    result.floor, result.blocks, result.order = floor, len(a_medians), block_order(len(a_medians))
+    return result
+
+
+def test_pooled_judges_the_block_pairs_of_both_measurements():
+    first = timed(INCUMBENT, CANDIDATE, [10.0, 11.0, 10.0, 14.0], [9.0, 10.5, 9.2, 15.0])
+    more = timed(INCUMBENT, CANDIDATE, [10.0, 10.2, 10.1, 10.0], [9.3, 9.4, 9.3, 9.2])
+    both = speedup.pooled([first, more])
+    assert both.pools == 2 and both.blocks == 8 and len(both.order) == 16
+    assert both.a.block_medians == first.a.block_medians + more.a.block_medians
+    expected = analyse([[m] for m in both.a.block_medians], [[m] for m in both.b.block_medians], 0.01)
+    assert (both.ratio, both.ci_low, both.ci_high, both.verdict) == (
+        expected.ratio, expected.ci_low, expected.ci_high, expected.verdict)
+    with pytest.raises(SidesMismatch):
+        speedup.pooled([first, timed(INCUMBENT, INCUMBENT, [1.0, 1.0], [1.0, 1.0])])
+
+
+def test_a_measurement_that_leans_faster_is_extended_once(monkeypatch):
+    leaning = timed(INCUMBENT, CANDIDATE, [10.0, 13.0, 10.0, 12.5], [9.1, 12.6, 9.0, 13.0])
+    assert leaning.verdict == "no-difference" and speedup.leans_faster(leaning)
+    steady = timed(INCUMBENT, CANDIDATE, [10.0, 10.1, 10.0, 10.1], [9.1, 9.2, 9.1, 9.0])
+    calls = scripted(monkeypatch, leaning, steady, leaning, steady)
+    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 5, 60)
+    assert len(calls) == 4 and [r.pools for r in confirmation.runs] == [1, 1, 2, 1, 1, 2]
+    assert confirmation.accepted and "extended once" in confirmation.reason
+    # a measurement that says no-difference without leaning, or slower, is not extended
+    calls = scripted(monkeypatch, timed(INCUMBENT, CANDIDATE, [10.0, 13.0, 10.0, 12.5], [10.2, 12.6, 10.1, 13.0]))
+    assert not confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 5, 60).accepted and len(calls) == 1
+
+
+def synthetic_protocol(monkeypatch, truth: float, extend: bool, trials: int = 150) -> float:
+    """The share of trials in which confirm_win accepts, each trial with its own floor from an A/A run of a
+    quiet incumbent (the agent calibrates on its baseline), then timed on noisy blocks (a few steps each, 12%
+    per-step noise: at `large` the incumbent became host-bound and its intervals ran to +-10%)."""
+    noisy, quiet = dict(blocks=6, steps=3, sigma=0.12), dict(blocks=6, steps=10, sigma=0.03)
+    draws = iter(range(10**6))
+
+    def fake(a, b, blocks, steps_per_block, timeout_s, *args, floor=0.0, seed=0, **kwargs):
+        stats = analyse(*synthetic(20_000 + next(draws), truth=truth, **noisy), floor=floor, seed=seed)
+        return timed(a, b, stats.a_medians, stats.b_medians, floor, seed)
+    accepted = 0
+    with monkeypatch.context() as patched:
+        patched.setattr(speedup, "measure_ab", fake)
+        if not extend:
+            patched.setattr(speedup, "leans_faster", lambda result: False)
+        for trial in range(trials):
+            aa = analyse(*synthetic(50_000 + trial, **quiet), floor=0.0, seed=trial)
+            floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])
+            accepted += confirm_win(INCUMBENT, CANDIDATE, floor, 6, 3, 60, seed=trial).accepted
+    return accepted / trials
+
+
+def test_the_extension_finds_more_true_wins_and_no_more_false_ones(monkeypatch):
+    null_with, null_without = (synthetic_protocol(monkeypatch, 1.0, e) for e in (True, False))
+    win_with, win_without = (synthetic_protocol(monkeypatch, 0.9, e) for e in (True, False))
+    print(f"\nconfirm_win on noisy synthetic blocks: A/A accepted {null_with:.1%} extended, {null_without:.1%} not; "
+          f"a true 10% win accepted {win_with:.1%} extended, {win_without:.1%} not")
+    assert null_with <= 0.01
+    assert win_with >= win_without + 0.1
 
 
 def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
