@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_row(f"candidate slowed by {pct}", slower, "slower"), flush=True)
     confirmation = confirm_win(slowed, plain, floor, args.blocks, args.steps, args.timeout, seed=200)
     for i, run in enumerate(confirmation.runs):
-        print(_row(f"incumbent slowed by {pct} ({'first' if i == 0 else 'fresh re-measure'})", run, "faster"))
+        what = f"pooled over {run.pools} measurements" if run.pools > 1 else ("first" if i == 0 else "fresh re-measure")
+        print(_row(f"incumbent slowed by {pct} ({what})", run, "faster"))
     print(f"\nslowdown detected: {slower.verdict == 'slower'}; win over the slowed incumbent confirmed: "
           f"{confirmation.accepted} ({confirmation.reason})")
     print(f"wall time {time.monotonic() - start:.0f} s")

@@ -16,7 +16,7 @@ graph="$OUT/best_graph.toml"
 { cat "$BEST"; echo "dense_cuda_graph = true"; } > "$graph"
 echo "== large: $BEST, without (a) and with (b) the dense CUDA graphs"
 timeout 300 python3 -m sg_opt.cli bench --target haste-rec --size large --device cuda --config "$BEST" --vs "$graph" \
-    --blocks 10 > "$OUT/bench_vs_graph.txt" 2>&1
+    > "$OUT/bench_vs_graph.txt" 2>&1
 echo "rc $?"; tail -4 "$OUT/bench_vs_graph.txt"
 echo "== profile with the graphs"
 timeout 240 python3 -m sg_opt.cli profile --target haste-rec --size large --device cuda --config "$graph" --json \

@@ -21,7 +21,7 @@ echo "rc $? after $((SECONDS - start)) s"; tail -4 "$OUT/optimize_$SIZE.log"
 run=$(ls -d "$runs"/*/ 2>/dev/null | head -1)
 if [ -n "$run" ] && [ -f "$run/best_config.toml" ] && [ -z "${SKIP_BENCH:-}" ]; then
     echo "== $(date -u +%FT%TZ) sg-opt bench ${base_args[*]} --vs best_config.toml (fresh processes)"
-    timeout 200 python3 -m sg_opt.cli bench "${base_args[@]}" --vs "$run/best_config.toml" --blocks 10 \
+    timeout 200 python3 -m sg_opt.cli bench "${base_args[@]}" --vs "$run/best_config.toml" \
         > "$OUT/bench_vs_$SIZE.log" 2>&1
     echo "rc $?"; tail -8 "$OUT/bench_vs_$SIZE.log"
 fi

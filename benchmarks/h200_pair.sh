@@ -43,7 +43,7 @@ for name in a b; do
         settings=$([ "$name" = a ] && echo "$A" || echo "$B")
         read -r size device config < <(env $settings bash -c 'echo ${SIZE:-large} ${DEVICE:-cuda} ${CONFIG:-}')
         args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")
-        timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" --blocks 10 \
+        timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
             > "$OUT/$name/bench_vs.log" 2>&1
         tail -3 "$OUT/$name/bench_vs.log"; grep -v '^$' "$run/report.md" | head -12
     fi

@@ -126,7 +126,7 @@ def bench(
     as_json: bool = JSON_OPT,
     vs: Optional[str] = typer.Option(None, "--vs", help="a second config (TOML) to measure side by side against "
                                                         "this one: interval and verdict"),
-    blocks: int = typer.Option(10, min=2, help="--vs: interleaved blocks per side (even)"),
+    blocks: int = typer.Option(20, min=2, help="--vs: interleaved blocks per side (even; as many as optimize's final measurement)"),
     block_steps: int = typer.Option(5, min=1, help="--vs: steps per block (at least)"),
     block_seconds: float = typer.Option(0.3, "--block-seconds", min=0.0, help="--vs: the least a block lasts, "
                                         "as in the agent's measurements (0: --block-steps alone)"),
@@ -262,8 +262,8 @@ def optimize(
     timeout: float = typer.Option(1800.0, min=1.0, help="seconds any one worker may run before it is killed "
                                                        "(shortened to 8x the baseline's once that is known)"),
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
-    final_blocks: int = typer.Option(10, "--final-blocks", min=2, help="blocks per side of the final "
-                                     "baseline-against-best measurement, at least --blocks (10: as bench --vs)"),
+    final_blocks: int = typer.Option(20, "--final-blocks", min=2, help="blocks per side of the final "
+                                     "baseline-against-best measurement, at least --blocks (20: as bench --vs)"),
     block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
                                               "enough for 0.3 s, on the baseline and on every faster incumbent)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),

@@ -45,9 +45,11 @@ class EvalPlan(BaseModel):
                                                         "the target size's preset)")
     warmup: int = 3
     blocks: int = Field(6, description="interleaved timed blocks per side in one A/B measurement (even)")
-    final_blocks: int = Field(10, description="blocks per side of the final baseline-against-best measurement, "
+    final_blocks: int = Field(20, description="blocks per side of the final baseline-against-best measurement, "
                                               "at least `blocks`: as many as `sg-opt bench --vs` takes by default, "
-                                              "so that the quoted figure and its re-measurement are measured alike")
+                                              "so that the quoted figure and its re-measurement are measured alike "
+                                              "(20: at `large`, 10 blocks left intervals of -1%/+26% around the "
+                                              "figure, and two runs of it 6% apart)")
     block_steps: int | None = Field(None, description="steps per block (None: enough for BLOCK_SECONDS, from "
                                                       "a short timing of the baseline)")
     block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "
