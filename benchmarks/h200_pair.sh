@@ -9,7 +9,9 @@
 # A run of many candidates (the TPE oracle: SEARCH=tpe ITERS=100 MINUTES=600) goes on over sessions that way.
 # The two runs share the host (memory bandwidth, PCIe), so each one's A/A noise floor is calibrated under the
 # other's load; the fresh `sg-opt bench --vs` re-measurement of each winner runs only after both runs have
-# finished, one after the other, with the host otherwise idle. Pair only device-bound runs: `large-cached`
+# finished, one after the other, with the host otherwise idle, on its run's GPU and CPUs (in session 10 the
+# re-measurement ran on GPU 0 with all 32 CPUs allowed, its run on CPUs 0-15: 6% apart). $OUT/topology.txt
+# records which CPUs sit near which GPU. Pair only device-bound runs: `large-cached`
 # (13.3 GB of host tables updated every step) measured a 10.6% noise floor next to `large` on 2026-11-30,
 # and its fresh re-measurement differed from the run's own by 13%.
 #
@@ -31,6 +33,7 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
     env SLICE="$SLICE" $4 OUT="$OUT/$1" RUNS="runs/pair-$1" CARRY="$5" VS=0 CUDA_VISIBLE_DEVICES="$2" \
         taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
 }
+mkdir -p "$OUT"; { nvidia-smi topo -m; lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1  # which CPUs are near which GPU
 lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" "${PRE_A:-}" &
 lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" "${PRE_B:-}" &
 wait
@@ -43,7 +46,9 @@ for name in a b; do
         settings=$([ "$name" = a ] && echo "$A" || echo "$B")
         read -r size device config < <(env $settings bash -c 'echo ${SIZE:-large} ${DEVICE:-cuda} ${CONFIG:-}')
         args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")
-        timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
+        gpu=$([ "$name" = a ] && echo 0 || echo 1); first=$([ "$name" = a ] && echo 0 || echo "$half")
+        CUDA_VISIBLE_DEVICES=$gpu taskset -c "$first-$((first + half - 1))" \
+            timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
             > "$OUT/$name/bench_vs.log" 2>&1
         tail -3 "$OUT/$name/bench_vs.log"; grep -v '^$' "$run/report.md" | head -12
     fi

@@ -110,6 +110,10 @@ class LiveView:
         if kind == "decide":
             verdict = "accepted" if record["accepted"] else f"rejected at {record['stage']}"
             self.last = (self.last + [f"#{record['id']} {verdict}: {record['reason']}"])[-4:]
+            if record["accepted"]:
+                self.node = "diagnose: the new incumbent (its noise floor again, if much faster), profiling"
+        elif kind == "recalibrate":
+            self.node = "diagnose: profiling"
         elif kind == "propose":
             self.node = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
         elif kind in ("baseline", "diagnose", "setup", "report"):
@@ -131,6 +135,9 @@ class LiveView:
         table.add_row("now", self.node)
         if s is not None and s.baseline is not None:
             table.add_row("baseline", f"{s.baseline.step_ms:.2f} ms/step, noise floor {100 * s.baseline.noise_floor:.1f}%")
+            for r in s.recalibrations:
+                table.add_row("", f"noise floor {100 * r.noise_floor:.1f}% on the incumbent after #{r.after_candidate} "
+                                  f"({r.step_ms:.2f} ms/step)")
             table.add_row("incumbent", f"x{s.incumbent.est_speedup:.2f} (product of accepted side-by-side speedups)")
         if s is not None:
             table.add_row("candidates", f"{s.evaluated} evaluated of at most {s.limits.max_iters}, "

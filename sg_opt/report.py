@@ -65,6 +65,17 @@ def verdict_text(accepted: bool, stage: str) -> str:
     return "accepted" if accepted else f"rejected at {stage}"
 
 
+def floor_text(s: Summary) -> str:
+    """The baseline's A/A noise floor, then each one calibrated again on a faster incumbent."""
+    if s.noise_floor is None:
+        return "-"
+    text = f"{100 * s.noise_floor:.1f}% (A/A on this machine)"
+    if s.recalibrations:
+        text += "; calibrated again on faster incumbents: " + ", ".join(
+            f"{100 * r.noise_floor:.1f}% at {r.step_ms:.2f} ms (after #{r.after_candidate})" for r in s.recalibrations)
+    return text
+
+
 def ratio_text(ratio: float | None, low: float | None, high: float | None) -> str:
     return f"{ratio:.3f} ({low:.3f}-{high:.3f})" if ratio is not None and low is not None else "-"
 
@@ -192,7 +203,7 @@ def report_markdown(s: Summary) -> str:
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
             ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
             ("numerics", numerics_line(s)),
-            ("noise floor", f"{100 * s.noise_floor:.1f}% (A/A on this machine)" if s.noise_floor is not None else "-"),
+            ("noise floor", floor_text(s)),
             ("reorder bands", s.reorder_calibration or "-")]
     lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]

@@ -13,8 +13,9 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, host_line, machine_rows, numerics_line,
-                           over_floor_text, ratio_text, result_line, spend_line, status_line, step_text, verdict_text)
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, floor_text, host_line, machine_rows,
+                           numerics_line, over_floor_text, ratio_text, result_line, spend_line, status_line, step_text,
+                           verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -85,7 +86,7 @@ def _result(s: Summary) -> str:
             ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
             ("speedup", _speedup(f.speedup if f else None) + ("" if f else f" (estimated x{s.est_speedup:.2f})")),
             ("verdict", f.verdict if f else "no final measurement (nothing accepted)" if not s.accepted else "-"),
-            ("noise floor", f"{100 * s.noise_floor:.1f}%" if s.noise_floor is not None else "-"),
+            ("noise floor", floor_text(s)),
             ("numerics", numerics_line(s)), ("reorder bands", s.reorder_calibration or "-")]
     caption = ("Baseline and best step time, measured side by side in one final A/B (interleaved blocks)"
                if s.best_step else "Baseline step time over the blocks of its A/A calibration runs")

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from profilers.floor import floor_sentence
 from profilers.records import Ceilings, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
-from state_machine.state import Evaluated, FinalMeasurement, RunState
+from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
 from validators.speedup import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -130,6 +130,8 @@ class Summary(BaseModel):
     finished: bool = Field(True, description="whether the run reached its report node")
     baseline_step_ms: float | None
     noise_floor: float | None
+    recalibrations: list[Recalibration] = Field(default_factory=list, description="noise floors calibrated again "
+                                                "on faster incumbents during the run (files relative to the run)")
     reorder_scale: float | None = Field(None, description="the reorder bands' calibrated multiplier (1: fixed bands)")
     reorder_calibration: str | None = Field(None, description="how the baseline drifted from itself, reassociated")
     baseline_step: StepTime | None = Field(None, description="baseline step time, side by side with the best "
@@ -332,7 +334,10 @@ def build_summary(state: RunState) -> Summary:
     return Summary(run_id=state.run_id, target=state.target, size=state.size, device=state.device, tier=state.tier,
                    stop_reason=state.stop_reason, finished=state.stop_reason is not None,
                    baseline_step_ms=baseline.step_ms if baseline else None,
-                   noise_floor=baseline.noise_floor if baseline else None, baseline_step=baseline_step,
+                   noise_floor=baseline.noise_floor if baseline else None,
+                   recalibrations=[r.model_copy(update={"calibration_file": _relative(run_dir, Path(r.calibration_file))})
+                                   for r in state.recalibrations],
+                   baseline_step=baseline_step,
                    reorder_scale=baseline.reorder.scale if baseline else None,
                    reorder_calibration=baseline.reorder.detail if baseline else None,
                    best_step=best_step, numerics=_numerics(state), best_config=state.incumbent.config,

@@ -23,16 +23,19 @@ from typing import Any, Callable
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
+from pydantic import BaseModel
 
 from state_machine import batch, nodes
+from state_machine import state as state_module
 from state_machine.context import RunContext
 from state_machine.state import RunState
 
 CHECKPOINT_FILE = "checkpoints.sqlite"
-# The state's own record types, which the checkpoint serializer may rebuild on resume.
-STATE_TYPES = [("state_machine.state", name) for name in (
-    "RunState", "Limits", "EvalPlan", "Candidate", "Verdict", "Evaluated", "Incumbent", "Baseline",
-    "FinalMeasurement", "Lane")] + [("profilers.records", "Finding")]
+# The state's own record types, which the checkpoint serializer may rebuild on resume: every model defined in
+# state_machine.state (a hand-kept list missed a new one, and resumes then lost it), and the findings.
+STATE_TYPES = [("state_machine.state", name) for name, obj in vars(state_module).items()
+               if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == state_module.__name__
+               ] + [("profilers.records", "Finding")]
 
 
 def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunContext) -> Callable:

@@ -25,8 +25,8 @@ from state_machine.proposers.offline import propose_offline
 from state_machine.proposers.tpe import propose_tpe
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
                                  config_digest, incumbent_request, write_json)
-from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, RunState, Verdict,
-                                 loosest)
+from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
+                                 RunState, Verdict, loosest)
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerResult
@@ -38,6 +38,7 @@ from validators.speedup import ABResult, CalibrationFailed, block_spread, confir
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
+RECALIBRATE_AFTER = 2.0   # the incumbent this many times faster than the floor's step: calibrate the floor again
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
 
 
@@ -112,8 +113,37 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- diagnose and propose
 
+def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """A new A/A noise floor on the incumbent, once the run has made it ``RECALIBRATE_AFTER`` times faster
+    (estimated) than the step the floor in force was calibrated on. A floor set on the baseline says how
+    far two identical processes drift there; at `large` the baseline is a device-bound 110 ms step, the
+    tuned incumbent a host-bound 10 ms one whose blocks moved by 10-30% (2026-11-30), and its candidates
+    were still judged against the baseline's 1%. A failed A/A keeps the floor in force."""
+    if state.baseline is None or state.incumbent.from_candidate is None:
+        return {}
+    floor_ms = state.recalibrations[-1].step_ms if state.recalibrations else state.baseline.step_ms
+    if state.baseline.step_ms / state.incumbent.est_speedup * RECALIBRATE_AFTER > floor_ms:
+        return {}
+    plan, cid = state.plan, state.incumbent.from_candidate
+    try:
+        noise, lanes = noise_floor(state, incumbent_request(state, "bench"), plan.blocks, plan.block_steps,
+                                   plan.timeout_s)
+    except CalibrationFailed as exc:
+        ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
+        return {}
+    path = write_json(_dir(state, "candidates", f"{cid:03d}", "calibration.json"), noise)
+    medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
+    record = Recalibration(after_candidate=cid, step_ms=1e3 * statistics.median(medians), noise_floor=noise.floor,
+                           calibration_file=path)
+    ctx.event(state.run_dir, "recalibrate", after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
+              was=state.noise_floor, lanes=lanes.get("lanes_note"))
+    return {"recalibrations": state.recalibrations + [record], "plan": plan.model_copy(update=lanes)}
+
+
 def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """Profile the incumbent; its ranked findings are what the proposers attack next."""
+    """Profile the incumbent (after calibrating the noise floor again on it, when it has become much faster:
+    ``_recalibrated``); its ranked findings are what the proposers attack next."""
+    updates = _recalibrated(state, ctx)
     spec = incumbent_request(state, "bench")
     req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
                          fine=state.plan.fine_profile)
@@ -121,9 +151,9 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     path = write_json(_dir(state, "profiles", f"{len(state.profiles):02d}.json"), result)
     if not result.ok:
         ctx.event(state.run_dir, "diagnose-failed", reason=_failure_text(result))
-        return {"findings": [], "profiles": state.profiles + [path]}
+        return {**updates, "findings": [], "profiles": state.profiles + [path]}
     ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]])
-    return {"findings": result.findings, "profiles": state.profiles + [path]}
+    return {**updates, "findings": result.findings, "profiles": state.profiles + [path]}
 
 
 def limit_reason(state: RunState) -> str | None:
@@ -299,7 +329,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Side by side against the incumbent; a win must clear the noise floor twice, in fresh processes."""
     cand, plan = state.current, state.plan
     incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
-    confirmation = confirm_win(incumbent, candidate, state.baseline.noise_floor, plan.blocks, plan.block_steps,
+    confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
                                plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
     path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]

@@ -132,6 +132,15 @@ class Baseline(BaseModel):
     wall_s: float = 0.0
 
 
+class Recalibration(BaseModel):
+    """The noise floor calibrated again, on an incumbent much faster than the step the last floor came from."""
+
+    after_candidate: int = Field(description="the accepted candidate the incumbent came from")
+    step_ms: float = Field(description="median step time of the incumbent in its A/A blocks")
+    noise_floor: float
+    calibration_file: str
+
+
 class FinalMeasurement(BaseModel):
     """Baseline against the best configuration, side by side, at the end of the run."""
 
@@ -168,6 +177,8 @@ class RunState(BaseModel):
     incumbent: Incumbent = Field(default_factory=Incumbent)
     findings: list[Finding] = Field(default_factory=list)
     profiles: list[str] = Field(default_factory=list, description="profile files, one per diagnosis")
+    recalibrations: list[Recalibration] = Field(default_factory=list, description="noise floors calibrated again "
+                                                "on faster incumbents (nodes.diagnose); the last one is in force")
 
     queue: list[Candidate] = Field(default_factory=list, description="proposed, not yet tried")
     current: Candidate | None = Field(None, description="the candidate in flight")
@@ -187,6 +198,11 @@ class RunState(BaseModel):
     stop_reason: str | None = None
     final: FinalMeasurement | None = None
     report_files: list[str] = Field(default_factory=list)
+
+    @property
+    def noise_floor(self) -> float:
+        """The floor candidates are judged against now: the last re-calibration's, else the baseline's."""
+        return self.recalibrations[-1].noise_floor if self.recalibrations else self.baseline.noise_floor
 
     @property
     def accepted(self) -> list[Evaluated]:

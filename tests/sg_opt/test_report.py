@@ -55,6 +55,10 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     last = s["phases"][-1]  # the host side per phase (a CPU run: no kernel launches)
     assert set(last["host_ops"]) == set(last["host_work_ms"]) and last["host_ops"]["backward"] >= 1
     assert last["launches"] == {} and all(ms > 0 for ms in last["host_work_ms"].values())
+    # the win made the step over 4x faster, so its noise floor was calibrated again, on the new incumbent
+    (again,) = s["recalibrations"]
+    assert again["after_candidate"] == win["id"] and again["calibration_file"] == "candidates/001/calibration.json"
+    assert again["step_ms"] < s["baseline_step_ms"] / 2
 
     md = (agent_run / "report.md").read_text()
     assert len(md) < 65_536  # a GitHub pull-request comment
@@ -65,6 +69,8 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     page = (agent_run / "report.html").read_text()
     assert "No kernel-slot roofline" in page and "No LLM calls" in page and "Against the hardware floor" in page
     assert "Host side (after #" in page
+    assert f"calibrated again on faster incumbents: {100 * again['noise_floor']:.1f}% at" in md
+    assert "calibrated again on faster incumbents" in page
     assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)
     assert 'slow_loader = false' in (agent_run / "best_config.toml").read_text()
 

@@ -391,7 +391,7 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
         numerics_file="n.json", step_ms=117.0, noise_floor=0.011, calibration_file="c.json")})
     final = nodes.report(run, ctx)["final"]
     assert final.ratio == 0.252
-    assert set(blocks) == {10}  # as many blocks as the fresh `bench --vs` re-measurement, not a candidate's 6
+    assert set(blocks) == {20}  # as many blocks as the fresh `bench --vs` re-measurement, not a candidate's 6
     if disturbed_first:
         assert not queue and "disturbed (block spread 185%" in final.note
         assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
@@ -418,6 +418,51 @@ def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypa
     # block_steps was sized on a 115 ms baseline; a 9 ms incumbent's blocks must still last 0.3 s
     assert seen["steps_per_block"] == 3 and seen["block_seconds"] == 0.3
     assert seen["config"]["embedding_grad_mode"] == "fused"
+
+
+def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, ctx, monkeypatch):
+    """The session-10 `large` run: a 1.0% floor from the 110 ms baseline, incumbents of 24 ms after #2 and 9.7 ms
+    after #8. diagnose calibrates the floor again on each incumbent at least twice as fast as the step of the
+    floor in force, and measure judges candidates against the newest one."""
+    from state_machine.state import Baseline, Incumbent
+    from targets.worker_protocol import Failure
+    from validators.speedup import Confirmation, NoiseFloor
+    calibrated, profiled = [], []
+
+    def noise_floor(st, spec, blocks, block_steps, timeout_s):
+        calibrated.append(dict(spec.config))
+        run = _final_ab([24.1, 24.6, 23.8, 24.9], [24.4, 23.9, 25.0, 24.2], 1.0)
+        return NoiseFloor(floor=0.031, runs=[run, run]), {}
+    monkeypatch.setattr(nodes, "noise_floor", noise_floor)
+    monkeypatch.setattr(nodes, "run_profile", lambda req, timeout_s: profiled.append(req) or ProfileResult(
+        ok=False, target="haste-rec", size="tiny", failure=Failure(kind="crash", message="not in this test")))
+    base = state.model_copy(update={"baseline": Baseline(numerics_file="n.json", step_ms=110.0, noise_floor=0.010,
+                                                         calibration_file="c.json")})
+
+    def after(cid: int, est: float, run=base):
+        return run.model_copy(update={"incumbent": Incumbent(config={"embedding_grad_mode": "fused"},
+                                                             from_candidate=cid, est_speedup=est)})
+    assert "recalibrations" not in nodes.diagnose(after(1, 1.44), ctx)  # 76 ms: not yet twice as fast
+    assert not calibrated and len(profiled) == 1
+    out = nodes.diagnose(after(2, 4.6), ctx)  # 24 ms
+    (first,) = out["recalibrations"]
+    assert (first.after_candidate, first.noise_floor, calibrated) == (2, 0.031, [{"embedding_grad_mode": "fused"}])
+    assert first.step_ms == pytest.approx(24.3) and Path(first.calibration_file).name == "calibration.json"
+    recalibrated = after(3, 6.0, base.model_copy(update=out))  # 18 ms: not twice as fast as 24.3 ms
+    assert "recalibrations" not in nodes.diagnose(recalibrated, ctx) and recalibrated.noise_floor == 0.031
+    assert len(nodes.diagnose(after(8, 11.4, recalibrated), ctx)["recalibrations"]) == 2  # 9.6 ms
+    seen = {}
+
+    def confirm_win(incumbent, cand, floor, *args, **kwargs):
+        seen["floor"] = floor
+        run = _final_ab([24.1, 24.0], [20.0, 20.1], 0.83)
+        return Confirmation(accepted=True, reason="faster twice", runs=[run, run])
+    monkeypatch.setattr(nodes, "confirm_win", confirm_win)
+    nodes.measure(recalibrated.model_copy(update={"current": candidate(4, patch={"data_workers": 2}),
+                                                  "plan": state.plan.model_copy(update={"block_steps": 3})}), ctx)
+    assert seen["floor"] == 0.031
+    events = Path(state.run_dir, "events.jsonl").read_text()
+    assert events.count('"recalibrate"') == 2 and '"was": 0.01' in events
 
 
 S9_LARGE_HISTORY = [  # the 2026-11-30 session-9 `large` run (docs/results/2026-11-30-h200x2-large-drained/)
