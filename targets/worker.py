@@ -242,8 +242,11 @@ def measure(req: WorkerRequest, device: torch.device, result: WorkerResult, job:
     """Build the request's session (this rank's, given a job) and run its mode, filling ``result`` in."""
     if req.mode == "numerics" and not req.reassociate:
         make_deterministic(device)
+    start = time.perf_counter()
     result.environment = environment(device, job.world_size if job else 1)
     _, result.config, _, session = build_session(req, device, job)
+    sync_device(device)
+    result.build_s = time.perf_counter() - start
     if req.mode == "numerics" and req.reassociate and hasattr(session, "perturb"):
         session.perturb(FP32_UNIT_ROUNDOFF, req.seed + 1)
     if job is not None:

@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from pydantic import BaseModel
 
-from targets.worker_protocol import Failure, WorkerRequest, WorkerResult
+from targets.worker_protocol import Failure, RunResult, WorkerRequest, WorkerResult
 
 
 def allowed_cpus() -> list[int] | None:
@@ -160,6 +161,7 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
         request_file.write_text(request.model_dump_json())
         cmd = [sys.executable, *(launcher or []), "-m", module, "--request", str(request_file),
                "--result", str(result_file)]
+        spawned = time.monotonic()
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                                     env=scrubbed_env({**device_env(request), **(env or {})}, cwd), cwd=cwd,
@@ -177,9 +179,12 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
         if not result_file.exists():
             return failed("crash", f"the {what} {exit_reason(code)} without a result", stderr_tail)
         try:
-            return result_type.model_validate_json(result_file.read_text())
+            result = result_type.model_validate_json(result_file.read_text())
         except ValueError as exc:
             return failed("crash", f"the {what} wrote an unreadable result ({exc})", stderr_tail)
+        if isinstance(result, RunResult):
+            result.process_s = time.monotonic() - spawned
+        return result
 
 
 def run_worker(req: WorkerRequest, timeout_s: float = 600.0, env: dict[str, str] | None = None,

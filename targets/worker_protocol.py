@@ -95,6 +95,10 @@ class RunResult(BaseModel):
     failure: Failure | None = None
     environment: Environment | None = None
     wall_s: float = 0.0
+    build_s: float = Field(0.0, description="of wall_s, the seconds until the session was built (data, model, "
+                                            "kernels): at `large` on an H200 a 20-step numerics run took 14.8 s")
+    process_s: float = Field(0.0, description="seconds from the process's spawn to its exit, as its parent saw "
+                                              "them (the interpreter's start and imports included)")
 
 
 class WorkerResult(RunResult):

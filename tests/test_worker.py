@@ -70,6 +70,8 @@ def test_numerics_mode_of_the_reference_trainer_is_deterministic():
     assert first.numerics.digest["sha256"] == second.numerics.digest["sha256"]
     assert all(set(norms) == {"encoder", "head", "tail", "embeddings"} for norms in first.numerics.grad_norms)
     assert all(norms["tail"] > 0 for norms in first.numerics.grad_norms)  # step 1 included
+    # where a worker's time goes: the build within its own wall time, within the process's as the parent saw it
+    assert 0 < first.build_s < first.wall_s < first.process_s
 
 
 def test_quality_mode_of_the_reference_trainer():

@@ -151,9 +151,11 @@ class ABRunner:
         self.cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
         self.workers: dict[str, _Worker] = {}
         self.ready: dict[str, dict[str, Any]] = {}
+        self.ready_s: dict[str, float] = {}  # seconds from the start of the workers to each one's ready line
 
     def __enter__(self) -> "ABRunner":
-        self.deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        self.deadline = start + self.timeout_s
         self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
         try:
             overlap = overlap_builds(*self.specs.values())
@@ -162,9 +164,11 @@ class ABRunner:
                                              self.cpus, self.roots[side], self.timeout_s)
                 if not overlap:
                     self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
+                    self.ready_s[side] = time.monotonic() - start
             for side, worker in self.workers.items():
                 if side not in self.ready:
                     self.ready[side] = worker.receive(self.deadline, "ready line")
+                    self.ready_s[side] = time.monotonic() - start
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise

@@ -183,6 +183,8 @@ class SideSummary(BaseModel):
     block_medians: list[float] = Field(default_factory=list, description="median step seconds of each block")
     cpus: list[int] | None = Field(None, description="the CPUs the worker reported it may run on")
     root: str | None = Field(None, description="the code tree the worker ran in (None: the caller's)")
+    ready_s: float | None = Field(None, description="seconds from the start of the measurement's workers to this "
+                                                    "one's ready line (started, built, warmed up)")
 
 
 class ABResult(BaseModel):
@@ -284,6 +286,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 times[side].append(runner.run(side, side_steps[side]))
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
+                sides[s].ready_s = runner.ready_s[s]
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure,
                         wall_s=time.monotonic() - start, **common)

@@ -348,6 +348,7 @@ def test_real_blocks_last_at_least_block_seconds():
         steps, per_step = result.side_steps[side], float(np.median(getattr(result, side).block_medians))
         assert 2 < steps <= 2 * MAX_STEP_FACTOR
         assert steps == 2 * MAX_STEP_FACTOR or steps * per_step > 0.4 * 0.004, (steps, per_step)
+        assert 0 < getattr(result, side).ready_s < result.wall_s  # how long the side took to start and warm up
 
 
 def test_sides_build_at_once_only_on_a_gpu():
