@@ -393,10 +393,28 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
     assert final.ratio == 0.252
     assert set(blocks) == {20}  # as many blocks as the fresh `bench --vs` re-measurement, not a candidate's 6
     if disturbed_first:
-        assert not queue and "disturbed (block spread 185%" in final.note
+        assert not queue and "disturbed (block spread 185%" in final.note and "the repeat, is quoted" in final.note
         assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
+        assert open(f"{state.run_dir}/final_ab_repeat.json").read().count('"ratio": 0.252')
     else:
         assert queue == [stalled] and final.note is None  # a steady first measurement is not repeated
+
+
+def test_a_disturbed_final_measurement_whose_repeat_is_worse_keeps_both(state, ctx, monkeypatch):
+    """Session 10 at `large`: the repeat was more disturbed than the first, so the first was quoted, and the
+    repeat was nowhere on disk. Both are kept now, and the note says which one is quoted."""
+    from state_machine.state import Baseline
+    first = _final_ab([110.3, 110.5, 110.4, 109.1, 109.6, 109.8], [10.2, 10.4, 12.1, 10.3, 16.0, 9.4], 0.0941)
+    worse = _final_ab([110.1, 110.2, 110.0, 109.9, 110.4, 110.1], [9.6, 17.9, 10.1, 10.0, 18.2, 10.3], 0.0920)
+    queue = [first, worse]
+    monkeypatch.setattr(nodes, "measure_ab", lambda *args, **kwargs: queue.pop(0))
+    accepted = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
+                         verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.1))
+    run = state.model_copy(update={"history": [accepted], "baseline": Baseline(
+        numerics_file="n.json", step_ms=110.0, noise_floor=0.010, calibration_file="c.json")})
+    final = nodes.report(run, ctx)["final"]
+    assert final.ratio == 0.0941 and "the first, is quoted" in final.note
+    assert open(f"{state.run_dir}/final_ab_repeat.json").read().count('"ratio": 0.092')
 
 
 def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypatch):
