@@ -10,17 +10,22 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
+from validators.speedup import (ABResult, NoiseFloor, calibrate_noise_floor, disturbed_note, measure_ab,
+                                steadier_of_two)
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
             floor: float | None, block_seconds: float = 0.0) -> tuple[ABResult, NoiseFloor | float]:
     """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it, in blocks of
-    at least ``block_steps`` steps and ``block_seconds``."""
+    at least ``block_steps`` steps and ``block_seconds``; a disturbed measurement is repeated once and the
+    steadier run quoted, as the agent's final measurement is (its ``note`` says so)."""
     noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
         incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds)
-    return measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise,
-                      block_seconds=block_seconds), noise
+    value = noise.floor if isinstance(noise, NoiseFloor) else noise
+    result, runs = steadier_of_two(lambda repeat: measure_ab(incumbent, candidate, blocks, block_steps, timeout_s,
+                                                             floor=noise, seed=repeat, block_seconds=block_seconds),
+                                   value)
+    return result.model_copy(update={"note": disturbed_note(runs, result, value)}), noise
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:
@@ -36,3 +41,5 @@ def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> Non
     console.print(f"ratio {result.ratio:.4f} (speedup x{result.speedup:.3f}), {100 * result.confidence:.0f}% interval "
                   f"[{result.ci_low:.4f}, {result.ci_high:.4f}], noise floor {result.floor:.4f} ({floor_note}) "
                   f"-> [bold]{result.verdict}[/]")
+    if result.note:
+        console.print(f"note: {result.note}")

@@ -33,7 +33,8 @@ from targets.worker_protocol import WorkerResult
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
-from validators.speedup import ABResult, CalibrationFailed, block_spread, confirm_win, disturbed, measure_ab
+from validators.speedup import (ABResult, CalibrationFailed, confirm_win, disturbed_note, measure_ab,
+                               steadier_of_two)
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
@@ -367,20 +368,16 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if state.accepted and state.baseline is not None and state.final is None:
         plan, floor = state.plan, state.baseline.noise_floor
 
-        def final_ab(seed: int) -> ABResult:
+        def final_ab(repeat: int) -> ABResult:
             return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"),
                               max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
-                              "best", floor=floor, seed=seed, block_seconds=plan.block_seconds)
-        result, note = final_ab(state.seed + 7), None
-        if disturbed(result, floor):  # stalled blocks: measure once more and quote the steadier run
-            write_json(_dir(state, "final_ab_disturbed.json"), result)
-            repeat = final_ab(state.seed + 8)
-            write_json(_dir(state, "final_ab_repeat.json"), repeat)
-            quoted = "the first" if block_spread(result) <= block_spread(repeat) else "the repeat"
-            note = (f"the first final measurement was disturbed (block spread {block_spread(result):.0%}, noise "
-                    f"floor {floor:.3f}); it was repeated (block spread {block_spread(repeat):.0%}), and the "
-                    f"steadier run, {quoted}, is quoted (final_ab_disturbed.json and final_ab_repeat.json keep both)")
-            result = min((result, repeat), key=block_spread)
+                              "best", floor=floor, seed=state.seed + 7 + repeat, block_seconds=plan.block_seconds)
+        result, runs = steadier_of_two(final_ab, floor)  # stalled blocks: measured once more, the steadier quoted
+        note = disturbed_note(runs, result, floor)
+        if note is not None:
+            for run, name in zip(runs, ("final_ab_disturbed.json", "final_ab_repeat.json")):
+                write_json(_dir(state, name), run)
+            note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
         path = write_json(_dir(state, "final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note)

@@ -51,8 +51,9 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   at most once): on synthetic A/A timings the whole protocol accepts no more often than 1% of the time.
 * **Stalled blocks.** ``disturbed`` flags a result in which a side's block medians spread by more than
   ``DISTURBED_SPREAD`` = 25% and ``DISTURBED_FLOORS`` = 5 noise floors: something outside the workers
-  slowed part of the run, and the median of pair ratios then mixes stalled and steady pairs. The agent
-  repeats such a final measurement once and quotes the steadier run, keeping both.
+  slowed part of the run, and the median of pair ratios then mixes stalled and steady pairs. The agent's
+  final measurement and ``sg-opt bench --vs`` repeat such a measurement once and quote the steadier run
+  (``steadier_of_two``), so that a run's figure and its re-measurement are measured alike.
 * **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
   knobs, kernel sources, data, device, seed, threads, ranks); ``assert_sides`` raises if they do not match
   the incumbent and candidate the caller meant.
@@ -71,7 +72,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -209,6 +210,8 @@ class ABResult(BaseModel):
     wall_s: float = 0.0
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see pooled)")
+    note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
+                                               "steadier_of_two)")
 
 
 class NoiseFloor(BaseModel):
@@ -328,6 +331,28 @@ def disturbed(result: ABResult, floor: float) -> bool:
     (the final A/B of one H200 run: baseline blocks of 117, 117, 117, 220, 190 and 334 ms against a
     steady 29-30 ms gave 0.201, where its three steady pairs gave 0.250-0.258)."""
     return block_spread(result) > max(DISTURBED_SPREAD, DISTURBED_FLOORS * floor)
+
+
+def steadier_of_two(measure: Callable[[int], ABResult], floor: float) -> tuple[ABResult, list[ABResult]]:
+    """``measure(repeat)`` once; when ``disturbed``, once more (repeat 1), and quote the run of the smaller block
+    spread: (quoted, every run made). The agent's final measurement and ``sg-opt bench --vs`` both measure this
+    way, so that a run's figure and its fresh re-measurement are measured alike."""
+    first = measure(0)
+    if first.failure is not None or not disturbed(first, floor):
+        return first, [first]
+    repeat = measure(1)
+    if repeat.failure is not None:
+        return first, [first, repeat]
+    return min((first, repeat), key=block_spread), [first, repeat]
+
+
+def disturbed_note(runs: Sequence[ABResult], quoted: ABResult, floor: float) -> str | None:
+    """One sentence on a repeated measurement (None when it was not repeated)."""
+    if len(runs) < 2:
+        return None
+    return (f"the first measurement was disturbed (block spread {block_spread(runs[0]):.0%}, noise floor "
+            f"{floor:.3f}); it was repeated (block spread {block_spread(runs[1]):.0%}), and the steadier run, "
+            f"{'the first' if quoted is runs[0] else 'the repeat'}, is quoted")
 
 
 def leans_faster(result: ABResult) -> bool:

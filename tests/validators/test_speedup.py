@@ -238,6 +238,20 @@ def test_the_extension_finds_more_true_wins_and_no_more_false_ones(monkeypatch):
     assert win_with >= win_without + 0.1
 
 
+def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(monkeypatch):
+    """As the agent's final measurement does (session 10 at `large`: winner blocks of 9.4-16.0 ms)."""
+    import sg_opt.compare as compare
+    stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])
+    steady = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
+    for runs, quoted, words in (([stalled, steady], steady, "the repeat, is quoted"),
+                                ([steady], steady, None), ([stalled, stalled], stalled, "the first, is quoted")):
+        queue = list(runs)
+        monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
+        result, _ = compare.compare(INCUMBENT, CANDIDATE, 4, 3, 60, floor=0.01)
+        assert not queue and result.ratio == quoted.ratio
+        assert (result.note is None) if words is None else (words in result.note and "disturbed" in result.note)
+
+
 def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
     assert_sides(result_for(INCUMBENT, CANDIDATE), INCUMBENT, CANDIDATE)
     with pytest.raises(SidesMismatch, match="swapped"):
