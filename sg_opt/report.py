@@ -65,6 +65,24 @@ def verdict_text(accepted: bool, stage: str) -> str:
     return "accepted" if accepted else f"rejected at {stage}"
 
 
+# What a run's minutes went to, by the nodes that spent them (the rest: setup, propose, decide).
+TIME_GROUPS = (("baseline", ("baseline",)), ("profiling and noise floors", ("diagnose",)),
+               ("validation", ("check", "validate")), ("timing", ("measure",)),
+               ("validation and timing on lanes", ("evaluate_batch",)), ("final measurement", ("report",)))
+
+
+def time_line(s: Summary) -> str:
+    """'Wall time 16.3 min: baseline 1.7, ...' (the split only when the run recorded one)."""
+    line = f"Wall time {s.wall_s / 60:.1f} min"
+    parts = [(name, sum(s.node_s.get(node, 0.0) for node in nodes)) for name, nodes in TIME_GROUPS]
+    parts = [(name, seconds) for name, seconds in parts if seconds >= 0.05 * 60]
+    if parts:
+        rest = s.wall_s - sum(seconds for _, seconds in parts)
+        line += ": " + ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in parts)
+        line += f", other {rest / 60:.1f}" if rest >= 0.05 * 60 else ""
+    return line + "."
+
+
 def floor_text(s: Summary) -> str:
     """The baseline's A/A noise floor, then each one calibrated again on a faster incumbent."""
     if s.noise_floor is None:
@@ -208,7 +226,7 @@ def report_markdown(s: Summary) -> str:
     lines = [f"# sg-opt run {s.run_id}", "", status_line(s), "", f"**{result_line(s)}**", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
     lines += ["", f"Candidates evaluated: {s.evaluated}, accepted: {s.accepted}. {spend_line(s)}. "
-                  f"Wall time {s.wall_s / 60:.1f} min.", "", "## Best configuration", ""]
+                  f"{time_line(s)}", "", "## Best configuration", ""]
     lines += [f"- `{k} = {v!r}`" for k, v in sorted(s.best_config.items())] or ["- the baseline's"]
     lines += [f"- kernel `{k}` replaced (see best_kernels/)" for k in s.best_kernels]
     lines += ["", "## Candidates", "", "| # | kind | change | proposer | verdict | ratio (95% CI) | why |",

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 from sg_opt import plots
 from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, floor_text, host_line, machine_rows,
                            numerics_line, over_floor_text, ratio_text, result_line, spend_line, status_line, step_text,
-                           verdict_text)
+                           time_line, verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -188,7 +188,7 @@ def _best(s: Summary, diffs: dict[str, str]) -> str:
 
 def render_html(s: Summary, diffs: dict[str, str] | None = None) -> str:
     header = (f"<h1>sg-opt run {escape(s.run_id)}</h1>" + para(status_line(s), "meta")
-              + para(f"Wall time {s.wall_s / 60:.1f} min. Summary schema v{s.version}.", "meta"))
+              + para(f"{time_line(s)} Summary schema v{s.version}.", "meta"))
     notes = section("notes", "Notes", *(para(n, "note") for n in s.notes)) if s.notes else ""
     return page(f"sg-opt {s.run_id}", [header, _result(s), _candidates(s), _phases(s), _floor(s), _roofline(s), _cost(s),
                                        section("machine", "Machine", machine_table(s.environment)),

@@ -152,6 +152,7 @@ class Summary(BaseModel):
     llm_calls: list[LLMCall] = Field(default_factory=list)
     cost_per_win_usd: float | None = None
     wall_s: float
+    node_s: dict[str, float] = Field(default_factory=dict, description="wall_s by node of the agent's graph")
     environment: dict[str, Any] = Field(default_factory=dict)
     gpus: int = Field(1, description="GPUs of the run (--gpus): gpus / ranks candidates were evaluated at once")
     lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
@@ -346,5 +347,6 @@ def build_summary(state: RunState) -> Summary:
                    candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
                    roofline=_roofline(profiles), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
+                   node_s=state.node_s,
                    environment=baseline.environment if baseline else {}, gpus=state.gpus,
                    lanes_note=state.plan.lanes_note, notes=notes)

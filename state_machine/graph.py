@@ -9,8 +9,9 @@
                                                            stop (budget, converged) -> report
 
 Any node can stop the run by setting ``stop_reason``; the edges then lead to ``report``. Every
-node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes), and the
-ledger's spend is copied into the state after each node.
+node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes) and to that
+node's entry of ``node_s`` (where a run's minutes went), and the ledger's spend is copied into the state
+after each node.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunConte
     def run(state: RunState) -> dict[str, Any]:
         start = time.monotonic()
         updates = node(state, ctx)
-        updates["elapsed_s"] = state.elapsed_s + time.monotonic() - start
+        spent = time.monotonic() - start
+        updates["elapsed_s"] = state.elapsed_s + spent
+        updates["node_s"] = {**state.node_s, node.__name__: state.node_s.get(node.__name__, 0.0) + spent}
         if ctx.ledger is not None:
             updates["spent_usd"] = ctx.ledger.spent_usd()
         return updates

@@ -194,6 +194,8 @@ class RunState(BaseModel):
     proposer_failures: list[str] = Field(default_factory=list)
 
     elapsed_s: float = Field(0.0, description="wall seconds spent in nodes, summed over resumes")
+    node_s: dict[str, float] = Field(default_factory=dict, description="elapsed_s by node (baseline, validate, "
+                                                                       "measure, ...)")
     spent_usd: float = 0.0
     stop_reason: str | None = None
     final: FinalMeasurement | None = None

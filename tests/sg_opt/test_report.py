@@ -21,7 +21,7 @@ from sg_opt.cli import app
 from sg_opt.summary import SUMMARY_SCHEMA_VERSION
 
 FINE = Path(__file__).with_name("test_report_fine.json")
-WALL = re.compile(r"Wall time [0-9.]+ min")
+WALL = re.compile(r"Wall time [0-9.]+ min[^\n<]*")  # the minutes and their split, to the end of the line
 REPORT_FILES = ("report.md", "report.html", "summary.json", "best_config.toml")
 
 
@@ -55,6 +55,9 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     last = s["phases"][-1]  # the host side per phase (a CPU run: no kernel launches)
     assert set(last["host_ops"]) == set(last["host_work_ms"]) and last["host_ops"]["backward"] >= 1
     assert last["launches"] == {} and all(ms > 0 for ms in last["host_work_ms"].values())
+    # where the run's minutes went, node by node (the report node's own time comes after its report)
+    assert {"baseline", "diagnose", "validate", "measure", "decide"} <= set(s["node_s"])
+    assert sum(s["node_s"].values()) == pytest.approx(s["wall_s"])
     # the win made the step over 4x faster, so its noise floor was calibrated again, on the new incumbent
     (again,) = s["recalibrations"]
     assert again["after_candidate"] == win["id"] and again["calibration_file"] == "candidates/001/calibration.json"
@@ -63,6 +66,7 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     md = (agent_run / "report.md").read_text()
     assert len(md) < 65_536  # a GitHub pull-request comment
     assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
+    assert re.search(r"Wall time [0-9.]+ min: baseline [0-9.]+, .*timing [0-9.]+", md)
     assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
     assert re.search(r"Host side \(after #\d+, per step: ms of host work not waiting on the device / host operator "
                      r"calls\): data \d+\.\d\d / \d+,", md)
@@ -88,6 +92,8 @@ def test_report_rebuilds_the_same_files_from_a_moved_run_directory(agent_run, tm
     # the run's own report was written inside its report node, before that node's time (the final A/B) was
     # added to the state's wall time; the checkpoint read back afterwards has it
     assert rebuilt.pop("wall_s") == written.pop("wall_s") >= original.pop("wall_s")
+    nodes = [d.pop("node_s") for d in (rebuilt, written, original)]  # likewise the report node's own entry
+    assert nodes[0] == nodes[1] and {k: v for k, v in nodes[0].items() if k != "report"} == nodes[2]
     assert rebuilt == written == original
     for name in ("report.md", "report.html", "best_config.toml"):
         rewritten, first = ((d / name).read_text() for d in (moved, agent_run))
