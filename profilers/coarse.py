@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from profilers.records import CoarseProfile, OpTime, PhaseTime
+from profilers.records import CoarseProfile, HostWait, OpTime, PhaseTime
 from targets.protocol import Session
 from targets.worker import NonFiniteLoss, banked_steps
 
@@ -192,6 +192,26 @@ class _Window:
     def host_wait_us(self, index: PhaseIndex) -> dict[str, float]:
         """Host time blocked in CUDA synchronisations and copies, summed by the phase it falls in."""
         return self._by_phase(index, self.waits, lambda e: e.time_range.elapsed_us())
+
+    def host_waits(self, index: PhaseIndex, steps: int, limit: int) -> list[HostWait]:
+        """The largest host waits, each named by its phase and by the nearest operator above the blocking call:
+        a phase's host_wait_s says how long the host waited, this says who asked it to (an ``.item()``, a
+        pageable copy, an op whose output size lives on the device)."""
+        wait_us: dict[tuple[str, str, str], float] = defaultdict(float)
+        calls: dict[tuple[str, str, str], int] = defaultdict(int)
+        for e in self.waits:
+            phase = index.locate(e.time_range.start)
+            if phase is None:
+                continue
+            op = getattr(e, "cpu_parent", None)
+            while op is not None and not (is_op(op) and op.name not in self.annotations):
+                op = getattr(op, "cpu_parent", None)
+            key = (phase, e.name if op is None else op.name, e.name)
+            wait_us[key] += e.time_range.elapsed_us()
+            calls[key] += 1
+        ranked = sorted(wait_us, key=lambda k: (-wait_us[k], k))[:limit]
+        return [HostWait(phase=k[0], op=k[1], call=k[2], wait_s=wait_us[k] / 1e6 / steps, calls=calls[k] / steps)
+                for k in ranked]
 
     def ops_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Host operator calls made directly in each phase (an op called by another op is not counted)."""
@@ -361,6 +381,7 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
         device_attributed_share=(min(1.0, sum(device_us.values()) / all_device_us)
                                  if on_cuda and all_device_us > 0 else None),
         top_ops=window.top_ops(on_cuda, steps, step_s, top),
+        host_waits=window.host_waits(index, steps, top) if on_cuda else [],
         device_busy_s=busy_us / 1e6 / steps if on_cuda else None,
         device_idle_fraction=(max(0.0, 1.0 - busy_us / (window.end - window.start))
                               if on_cuda and window.end > window.start else None),

@@ -40,6 +40,16 @@ class PhaseTime(BaseModel):
                                                      "a CPU run")
 
 
+class HostWait(BaseModel):
+    """Host time blocked on the device, by the phase and operator that made the blocking runtime call."""
+
+    phase: str
+    op: str = Field(description="the nearest operator above the runtime call (the call itself when none)")
+    call: str = Field(description="the CUDA runtime call that blocked (cudaStreamSynchronize, cudaMemcpyAsync, ...)")
+    wait_s: float = Field(description="blocked seconds per step")
+    calls: float = Field(description="such calls per step")
+
+
 class OpTime(BaseModel):
     """One operator, ranked by self time (device time on CUDA, CPU time on a CPU run)."""
 
@@ -67,6 +77,8 @@ class CoarseProfile(BaseModel):
     device_attributed_share: float | None = Field(
         None, description="device time of kernels launched inside named phases / all device time; None on CPU")
     top_ops: list[OpTime]
+    host_waits: list[HostWait] = Field(default_factory=list, description="the largest host waits on the device "
+                                                                         "(CUDA), each with the op that made it")
     device_busy_s: float | None = Field(None, description="union of device activity per step; None on CPU")
     device_idle_fraction: float | None = Field(
         None, description="share of the profiled window with no kernel, copy or memset running; None on CPU")

@@ -75,6 +75,13 @@ def render(result: ProfileResult, console: Console) -> None:
     for op in coarse.top_ops[:10]:
         ops.add_row(op.name, _ms(op.self_s), f"{op.calls:.0f}", f"{100 * op.share:.1f}%")
     console.print(ops)
+    if coarse.host_waits:
+        waits = Table(title="host waits on the device, by the op that made them")
+        for col in ("phase", "op", "runtime call", "ms / step", "calls / step"):
+            waits.add_column(col, justify="right" if col in ("ms / step", "calls / step") else "left", overflow="fold")
+        for w in coarse.host_waits:
+            waits.add_row(w.phase, w.op, w.call, _ms(w.wait_s), f"{w.calls:.1f}")
+        console.print(waits)
     if coarse.device_idle_fraction is not None:
         console.print(f"device idle {100 * coarse.device_idle_fraction:.1f}% of the window, "
                       f"{coarse.kernel_launches_per_step:.0f} kernel launches per step, peak memory "

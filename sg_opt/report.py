@@ -183,8 +183,12 @@ def host_line(s: Summary) -> str | None:
              for name, ms in last.host_work_ms.items()]
     what = ("ms of host work not waiting on the device / host operator calls"
             + (" / kernel launches" if last.launches else ""))
-    return (f"Host side ({last.label}, per step: {what}): " + ", ".join(parts)
+    line = (f"Host side ({last.label}, per step: {what}): " + ", ".join(parts)
             + f"; {sum(last.host_work_ms.values()):.2f} ms of host work in a {last.step_ms:.2f} ms step.")
+    if last.host_waits:
+        line += " The host waited on the device in " + ", ".join(
+            f"{w.phase} {1e3 * w.wait_s:.2f} ms ({w.op}, {w.call})" for w in last.host_waits[:3]) + "."
+    return line
 
 
 def over_floor_text(measured: float | None, floor: float | None) -> str:

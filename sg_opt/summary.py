@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from profilers.floor import floor_sentence
-from profilers.records import Ceilings, ProfileResult
+from profilers.records import Ceilings, HostWait, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
 from validators.speedup import ABResult, NoiseFloor
@@ -91,6 +91,8 @@ class PhaseBreakdown(BaseModel):
                                                                              "the device, ms per step")
     host_ops: dict[str, float] = Field(default_factory=dict, description="phase -> host operator calls per step")
     launches: dict[str, float] = Field(default_factory=dict, description="phase -> kernel launches per step (CUDA)")
+    host_waits: list[HostWait] = Field(default_factory=list, description="the largest host waits on the device, "
+                                                                         "each with the op that made it (CUDA)")
     floor_ms: dict[str, float] = Field(default_factory=dict, description="phase -> its roofline floor (least work "
                                                                          "at the measured ceilings)")
     floor_bound: dict[str, str] = Field(default_factory=dict, description="phase -> compute, memory, bus or none")
@@ -301,7 +303,8 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
             "floor_step_ms": 1e3 * floor.floor_s, "floor_note": floor_sentence(floor)}
         host = {"host_work_ms": {name: 1e3 * (p.host_s - p.host_wait_s) for name, p in coarse.phases.items()},
                 "host_ops": {name: p.ops for name, p in coarse.phases.items()},
-                "launches": {name: p.launches for name, p in coarse.phases.items() if p.launches is not None}}
+                "launches": {name: p.launches for name, p in coarse.phases.items() if p.launches is not None},
+                "host_waits": coarse.host_waits}
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
                                    unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases, **host,
                                    other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0),

@@ -171,3 +171,25 @@ def test_host_time_blocked_on_the_device_is_split_out_of_its_phase():
     waits = window.host_wait_us(window.index())
     assert dict(waits) == {"data": 50, "backward": 5}
     assert window.host_us()["data"] - waits["data"] == 10  # the phase's own host work
+
+
+def test_each_host_wait_is_named_by_the_op_that_made_it():
+    """Which op blocked the host (an `.item()`, a unique whose size lives on the device), through any runtime
+    or annotation layers in between; a call with no op above it is named by itself."""
+    backward = _event("backward", 0, 100, annotation=True)
+    unique = _event("aten::_unique2", 10, 40, activity="cpu_op", cpu_parent=None)
+    record = _event("record_param_comms", 12, 38, annotation=True, cpu_parent=unique)
+    item = _event("aten::item", 50, 70, activity="cpu_op", cpu_parent=None)
+    events = [
+        _event(STEP_RANGE, 0, 100, annotation=True), backward, unique, record, item,
+        _event("cudaStreamSynchronize", 15, 35, activity="cuda_runtime", cpu_parent=record),
+        _event("cudaMemcpyAsync", 55, 65, activity="cuda_runtime", cpu_parent=item),
+        _event("cudaMemcpyAsync", 80, 84, activity="cuda_runtime", cpu_parent=None),
+    ]
+    window = _Window(events, ("backward",))
+    waits = window.host_waits(window.index(), steps=2, limit=5)
+    assert [(w.phase, w.op, w.call) for w in waits] == [
+        ("backward", "aten::_unique2", "cudaStreamSynchronize"), ("backward", "aten::item", "cudaMemcpyAsync"),
+        ("backward", "cudaMemcpyAsync", "cudaMemcpyAsync")]
+    assert [w.wait_s for w in waits] == pytest.approx([10e-6, 5e-6, 2e-6]) and waits[0].calls == 0.5
+    assert len(window.host_waits(window.index(), steps=2, limit=1)) == 1

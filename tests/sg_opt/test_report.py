@@ -180,3 +180,19 @@ def test_a_ranked_profile_says_whose_phases_these_are_and_each_ranks_collective_
     assert ranks_sentence(result) == ("2 ranks; the phases are rank 0's (the most step time outside collectives); "
                                       "collectives in flight, waits included, per rank: 5.0% / 15.0% of the step")
     assert ranks_sentence(ProfileResult(ok=True, target="haste-rec", size="tiny")) is None
+
+
+def test_the_host_line_names_the_ops_the_host_waited_on():
+    """At `large` the backward phase waited 1.5 ms a step on the device (session 10); the report says who made it."""
+    from types import SimpleNamespace
+
+    from profilers.records import HostWait
+    from sg_opt.report import host_line
+    from sg_opt.summary import PhaseBreakdown
+    wait = HostWait(phase="backward", op="aten::_unique2", call="cudaStreamSynchronize", wait_s=1.5e-3, calls=1)
+    last = PhaseBreakdown(label="after #8", profile="profiles/05.json", step_ms=10.39, unprofiled_step_ms=9.41,
+                          phases_ms={"backward": 2.77}, other_ms=0.0, host_work_ms={"backward": 2.77},
+                          host_ops={"backward": 28}, launches={"backward": 72}, host_waits=[wait])
+    line = host_line(SimpleNamespace(phases=[last]))
+    assert line.endswith("The host waited on the device in backward 1.50 ms (aten::_unique2, cudaStreamSynchronize).")
+    assert host_line(SimpleNamespace(phases=[last.model_copy(update={"host_waits": []})])).endswith("ms step.")
