@@ -266,3 +266,22 @@ def test_rowwise_adagrad_in_place_rounds_as_the_formula_reads():
     assert torch.equal(got_w[index], want_rows) and torch.equal(got_s[index], want_state)
     untouched = torch.ones(50, dtype=torch.bool).index_fill_(0, index, False)
     assert torch.equal(got_w[untouched], weight[untouched]) and torch.equal(got_s[untouched], state[untouched])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device syncs exist on CUDA only")
+def test_segment_sums_and_the_fused_update_never_wait_on_the_device():
+    """The fused update's backward queues its work without reading anything back (segment_reduce's own checks
+    of the lengths would read two values back: ``row_ops.segment_sum``)."""
+    from targets.haste_rec.row_ops import segment_sum, unique_ids
+    cuda = torch.device("cuda")
+    ids = torch.randint(0, 50, (400,), device=cuda)
+    rows, inverse, counts = unique_ids(ids)  # the one read-back a data-dependent row count needs
+    values = torch.randn(400, 8, device=cuda)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        summed = segment_sum(values, inverse, counts)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected = torch.zeros(rows.numel(), 8, device=cuda).index_add_(0, inverse, values)
+    torch.testing.assert_close(summed, expected)
