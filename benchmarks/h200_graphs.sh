@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dense CUDA graphs (knob dense_cuda_graph) on a GPU, in one call: their tests (and the fused tail's in
-# the trainer), then a `large` configuration side by side with and without them (`sg-opt bench --vs`, the
+# the trainer, and the embeddings' with the check that their updates never sync with the device), then a `large` configuration side by side with and without them (`sg-opt bench --vs`, the
 # same protocol as the agent's final measurement), then a profile with them (phases, host work, launches).
 # TESTS=0 leaves the tests out (they passed on an H200 on 2026-11-30: docs/results/2026-11-30-h200x2-large-graphs/).
 # Usage: OUT=/dir [BEST=docs/results/2026-11-30-h200x2-large-graphs/best_config.toml] [TESTS=0] bash benchmarks/h200_graphs.sh
@@ -12,7 +12,8 @@ unset TRITON_INTERPRET
 if [ "${TESTS:-1}" = 1 ]; then
     echo "== tests"
     timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::DeprecationWarning \
-        tests/haste_rec/test_dense_graph.py tests/haste_rec/test_triton_tail_trainer.py > "$OUT/tests.txt" 2>&1
+        tests/haste_rec/test_dense_graph.py tests/haste_rec/test_triton_tail_trainer.py \
+        tests/haste_rec/test_embeddings.py > "$OUT/tests.txt" 2>&1
     echo "rc $?"; tail -5 "$OUT/tests.txt"
 fi
 graph="$OUT/best_graph.toml"
