@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The dense CUDA graphs (knob dense_cuda_graph) on a GPU, in one call: their tests (and the fused tail's in
-# the trainer, and the embeddings' with the check that their updates never sync with the device), then a `large` configuration side by side with and without them (`sg-opt bench --vs`, the
-# same protocol as the agent's final measurement), then a profile with them (phases, host work, launches).
-# TESTS=0 leaves the tests out (they passed on an H200 on 2026-11-30: docs/results/2026-11-30-h200x2-large-graphs/).
+# The dense CUDA graphs (knob dense_cuda_graph) on a GPU, in one call: their tests (with the fused tail's in
+# the trainer, and the embeddings', whose updates must never sync with the device), then a `large`
+# configuration side by side with and without them (`sg-opt bench --vs`, the same protocol as the agent's
+# final measurement), then a profile with them (phases, host work and waits, launches).
+# TESTS=0 leaves the tests out (the graphs' passed on an H200 on 2026-11-30: docs/results/2026-11-30-h200x2-large-graphs/).
 # Usage: OUT=/dir [BEST=docs/results/2026-11-30-h200x2-large-graphs/best_config.toml] [TESTS=0] bash benchmarks/h200_graphs.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; BEST=${BEST:-docs/results/2026-11-30-h200x2-large-graphs/best_config.toml}
