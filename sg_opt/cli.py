@@ -264,6 +264,9 @@ def optimize(
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
     final_blocks: int = typer.Option(20, "--final-blocks", min=2, help="blocks per side of the final "
                                      "baseline-against-best measurement, at least --blocks (20: as bench --vs)"),
+    recalibrate_after: float = typer.Option(2.0, "--recalibrate-after", min=0.0, help="calibrate the noise floor "
+                                            "again on an incumbent this many times faster than the step of the "
+                                            "floor in force (0: never)"),
     block_steps: Optional[int] = typer.Option(None, "--block-steps", min=1, help="steps per block (default: "
                                               "enough for 0.3 s, on the baseline and on every faster incumbent)"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON"),
@@ -286,7 +289,7 @@ def optimize(
             overrides = _inputs(target, size, config, set_, data, ranks)
             fixed_blocks = {"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {}
             plan = {"blocks": blocks, "final_blocks": final_blocks, "timeout_s": timeout,
-                    "min_timeout_s": min(60.0, timeout), **fixed_blocks}
+                    "min_timeout_s": min(60.0, timeout), "recalibrate_after": recalibrate_after, **fixed_blocks}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,

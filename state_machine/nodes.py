@@ -39,7 +39,6 @@ from validators.speedup import (ABResult, CalibrationFailed, confirm_win, distur
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
-RECALIBRATE_AFTER = 2.0   # the incumbent this many times faster than the floor's step: calibrate the floor again
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
 
 
@@ -115,15 +114,16 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose and propose
 
 def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """A new A/A noise floor on the incumbent, once the run has made it ``RECALIBRATE_AFTER`` times faster
+    """A new A/A noise floor on the incumbent, once the run has made it ``plan.recalibrate_after`` times faster
     (estimated) than the step the floor in force was calibrated on. A floor set on the baseline says how
     far two identical processes drift there; at `large` the baseline is a device-bound 110 ms step, the
     tuned incumbent a host-bound 10 ms one whose blocks moved by 10-30% (2026-11-30), and its candidates
     were still judged against the baseline's 1%. A failed A/A keeps the floor in force."""
-    if state.baseline is None or state.incumbent.from_candidate is None:
+    after = state.plan.recalibrate_after
+    if state.baseline is None or state.incumbent.from_candidate is None or after <= 0:
         return {}
     floor_ms = state.recalibrations[-1].step_ms if state.recalibrations else state.baseline.step_ms
-    if state.baseline.step_ms / state.incumbent.est_speedup * RECALIBRATE_AFTER > floor_ms:
+    if state.baseline.step_ms / state.incumbent.est_speedup * after > floor_ms:
         return {}
     plan, cid = state.plan, state.incumbent.from_candidate
     try:

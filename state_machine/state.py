@@ -55,6 +55,9 @@ class EvalPlan(BaseModel):
     block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "
                                                   "when that is None (--block-steps sets it to 0)")
     aa_repeats: int = Field(2, description="A/A runs that set the noise floor")
+    recalibrate_after: float = Field(2.0, description="calibrate the noise floor again on an incumbent this many "
+                                                      "times faster than the step of the floor in force (0: never; "
+                                                      "nodes.diagnose)")
     profile_steps: int = 5
     fine_profile: bool = Field(False, description="also time kernel slots against the ceilings (CUDA)")
     kernel_dtypes: list[str] = Field(default_factory=lambda: ["float32"])

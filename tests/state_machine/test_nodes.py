@@ -469,6 +469,8 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     recalibrated = after(3, 6.0, base.model_copy(update=out))  # 18 ms: not twice as fast as 24.3 ms
     assert "recalibrations" not in nodes.diagnose(recalibrated, ctx) and recalibrated.noise_floor == 0.031
     assert len(nodes.diagnose(after(8, 11.4, recalibrated), ctx)["recalibrations"]) == 2  # 9.6 ms
+    never = recalibrated.model_copy(update={"plan": state.plan.model_copy(update={"recalibrate_after": 0.0})})
+    assert "recalibrations" not in nodes.diagnose(after(8, 11.4, never), ctx)  # --recalibrate-after 0
     seen = {}
 
     def confirm_win(incumbent, cand, floor, *args, **kwargs):
