@@ -117,8 +117,9 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """A new A/A noise floor on the incumbent, once the run has made it ``plan.recalibrate_after`` times faster
     (estimated) than the step the floor in force was calibrated on. A floor set on the baseline says how
     far two identical processes drift there; at `large` the baseline is a device-bound 110 ms step, the
-    tuned incumbent a host-bound 10 ms one whose blocks moved by 10-30% (2026-11-30), and its candidates
-    were still judged against the baseline's 1%. A failed A/A keeps the floor in force."""
+    tuned incumbent a host-bound 10 ms one whose block medians spread by 23-70% within one measurement
+    (2026-11-30), and its candidates were still judged against the baseline's 1%. A failed A/A keeps the
+    floor in force."""
     after = state.plan.recalibrate_after
     if state.baseline is None or state.incumbent.from_candidate is None or after <= 0:
         return {}

@@ -517,7 +517,7 @@ S10_LARGE_HISTORY = [  # the session-10 `large` run (docs/results/2026-11-30-h20
 def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_much_faster(state, ctx):
     """Replayed on the real profile of the session-10 `large` run after its last win (#8, packed batches: the
     incumbent x1.44 faster than when #5-7 were timed): the dense CUDA graphs, no-difference at 0.959 against the
-    13.5 ms incumbent, come first again, and say why; once tried again, they are not offered a third time."""
+    14 ms incumbent, come first again, and say why; once tried again, they are not offered a third time."""
     at = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
     assert proposals[0].patch == {"dense_cuda_graph": True}
