@@ -242,10 +242,9 @@ def _step_times(state: RunState, run_dir: Path, notes: list[str]) -> tuple[StepT
     if state.baseline is not None and Path(state.baseline.calibration_file).is_file():
         calibration = Path(state.baseline.calibration_file)
         noise = NoiseFloor.model_validate_json(calibration.read_text())
-        medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
         if state.accepted:
             notes.append("the final side-by-side measurement of baseline against best is missing")
-        return _step_time(medians, _relative(run_dir, calibration)), None
+        return _step_time(noise.block_medians, _relative(run_dir, calibration)), None
     return None, None
 
 
@@ -339,7 +338,8 @@ def build_summary(state: RunState) -> Summary:
                    stop_reason=state.stop_reason, finished=state.stop_reason is not None,
                    baseline_step_ms=baseline.step_ms if baseline else None,
                    noise_floor=baseline.noise_floor if baseline else None,
-                   recalibrations=[r.model_copy(update={"calibration_file": _relative(run_dir, Path(r.calibration_file))})
+                   recalibrations=[r.model_copy(update={"calibration_file": _relative(run_dir,
+                                                                                      Path(r.calibration_file))})
                                    for r in state.recalibrations],
                    baseline_step=baseline_step,
                    reorder_scale=baseline.reorder.scale if baseline else None,

@@ -97,13 +97,12 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
     calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
-    medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
     longest = max([numerics.wall_s] + [run.wall_s for run in noise.runs])
     plan = plan.model_copy(update={"timeout_s": min(plan.timeout_s, max(plan.min_timeout_s,
                                                                           TIMEOUT_FACTOR * longest)), **lanes})
-    record = Baseline(numerics_file=numerics_file, quality=quality, step_ms=1e3 * statistics.median(medians),
-                      noise_floor=noise.floor, calibration_file=calibration, resolved_config=numerics.config,
-                      reorder=reorder,
+    record = Baseline(numerics_file=numerics_file, quality=quality,
+                      step_ms=1e3 * statistics.median(noise.block_medians), noise_floor=noise.floor,
+                      calibration_file=calibration, resolved_config=numerics.config, reorder=reorder,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
     ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
@@ -123,8 +122,7 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
     after = state.plan.recalibrate_after
     if state.baseline is None or state.incumbent.from_candidate is None or after <= 0:
         return {}
-    floor_ms = state.recalibrations[-1].step_ms if state.recalibrations else state.baseline.step_ms
-    if state.baseline.step_ms / state.incumbent.est_speedup * after > floor_ms:
+    if state.baseline.step_ms / state.incumbent.est_speedup * after > state.floor_step_ms:
         return {}
     plan, cid = state.plan, state.incumbent.from_candidate
     try:
@@ -134,9 +132,8 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
         ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
         return {}
     path = write_json(_dir(state, "candidates", f"{cid:03d}", "calibration.json"), noise)
-    medians = [m for run in noise.runs for m in run.a.block_medians + run.b.block_medians]
-    record = Recalibration(after_candidate=cid, step_ms=1e3 * statistics.median(medians), noise_floor=noise.floor,
-                           calibration_file=path)
+    record = Recalibration(after_candidate=cid, step_ms=1e3 * statistics.median(noise.block_medians),
+                           noise_floor=noise.floor, calibration_file=path)
     ctx.event(state.run_dir, "recalibrate", after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
               was=state.noise_floor, lanes=lanes.get("lanes_note"))
     return {"recalibrations": state.recalibrations + [record], "plan": plan.model_copy(update=lanes)}

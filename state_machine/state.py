@@ -210,6 +210,11 @@ class RunState(BaseModel):
         return self.recalibrations[-1].noise_floor if self.recalibrations else self.baseline.noise_floor
 
     @property
+    def floor_step_ms(self) -> float:
+        """The step time the floor in force was calibrated on."""
+        return self.recalibrations[-1].step_ms if self.recalibrations else self.baseline.step_ms
+
+    @property
     def accepted(self) -> list[Evaluated]:
         return [e for e in self.history if e.verdict.accepted]
 

@@ -219,6 +219,11 @@ class NoiseFloor(BaseModel):
     rule: str = "max(MIN_FLOOR, max over A/A runs of |1 - ratio| + CI half-width)"
     runs: list[ABResult]
 
+    @property
+    def block_medians(self) -> list[float]:
+        """Every block median of its A/A runs, both sides: the calibrated spec's step time, many times over."""
+        return [m for run in self.runs for m in run.a.block_medians + run.b.block_medians]
+
 
 class Confirmation(BaseModel):
     accepted: bool
