@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import (ABResult, NoiseFloor, calibrate_noise_floor, disturbed_note, measure_ab,
-                                steadier_of_two)
+from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab, steadier_of_two
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
@@ -21,11 +20,9 @@ def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, blo
     steadier run quoted, as the agent's final measurement is (its ``note`` says so)."""
     noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
         incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds)
-    value = noise.floor if isinstance(noise, NoiseFloor) else noise
-    result, runs = steadier_of_two(lambda repeat: measure_ab(incumbent, candidate, blocks, block_steps, timeout_s,
-                                                             floor=noise, seed=repeat, block_seconds=block_seconds),
-                                   value)
-    return result.model_copy(update={"note": disturbed_note(runs, result, value)}), noise
+    result, _ = steadier_of_two(lambda repeat: measure_ab(incumbent, candidate, blocks, block_steps, timeout_s,
+                                                          floor=noise, seed=repeat, block_seconds=block_seconds))
+    return result, noise
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:

@@ -33,8 +33,7 @@ from targets.worker_protocol import WorkerResult
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
-from validators.speedup import (ABResult, CalibrationFailed, confirm_win, disturbed_note, measure_ab,
-                               steadier_of_two)
+from validators.speedup import ABResult, CalibrationFailed, confirm_win, measure_ab, steadier_of_two
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
@@ -370,9 +369,9 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
             return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"),
                               max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
                               "best", floor=floor, seed=state.seed + 7 + repeat, block_seconds=plan.block_seconds)
-        result, runs = steadier_of_two(final_ab, floor)  # stalled blocks: measured once more, the steadier quoted
-        note = disturbed_note(runs, result, floor)
-        if note is not None:
+        result, runs = steadier_of_two(final_ab)  # stalled blocks: measured once more, the steadier quoted
+        note = result.note
+        if len(runs) > 1:
             for run, name in zip(runs, ("final_ab_disturbed.json", "final_ab_repeat.json")):
                 write_json(_dir(state, name), run)
             note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"

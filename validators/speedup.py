@@ -338,26 +338,24 @@ def disturbed(result: ABResult, floor: float) -> bool:
     return block_spread(result) > max(DISTURBED_SPREAD, DISTURBED_FLOORS * floor)
 
 
-def steadier_of_two(measure: Callable[[int], ABResult], floor: float) -> tuple[ABResult, list[ABResult]]:
-    """``measure(repeat)`` once; when ``disturbed``, once more (repeat 1), and quote the run of the smaller block
-    spread: (quoted, every run made). The agent's final measurement and ``sg-opt bench --vs`` both measure this
-    way, so that a run's figure and its fresh re-measurement are measured alike."""
+def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[ABResult]]:
+    """``measure(repeat)`` once; when ``disturbed`` (against its own floor), once more (repeat 1), and quote the
+    run of the smaller block spread, its ``note`` saying why: (quoted, every run made). The agent's final
+    measurement and ``sg-opt bench --vs`` both measure this way, so that a run's figure and its fresh
+    re-measurement are measured alike."""
     first = measure(0)
-    if first.failure is not None or not disturbed(first, floor):
+    if first.failure is not None or not disturbed(first, first.floor):
         return first, [first]
     repeat = measure(1)
+    said = (f"the first measurement was disturbed (block spread {block_spread(first):.0%}, noise floor "
+            f"{first.floor:.3f}); it was repeated")
     if repeat.failure is not None:
-        return first, [first, repeat]
-    return min((first, repeat), key=block_spread), [first, repeat]
-
-
-def disturbed_note(runs: Sequence[ABResult], quoted: ABResult, floor: float) -> str | None:
-    """One sentence on a repeated measurement (None when it was not repeated)."""
-    if len(runs) < 2:
-        return None
-    return (f"the first measurement was disturbed (block spread {block_spread(runs[0]):.0%}, noise floor "
-            f"{floor:.3f}); it was repeated (block spread {block_spread(runs[1]):.0%}), and the steadier run, "
-            f"{'the first' if quoted is runs[0] else 'the repeat'}, is quoted")
+        return first.model_copy(update={"note": f"{said}, the repeat failed ({repeat.failure.kind}), and the "
+                                                f"first is quoted"}), [first, repeat]
+    quoted = min((first, repeat), key=block_spread)
+    return quoted.model_copy(update={"note": f"{said} (block spread {block_spread(repeat):.0%}), and the steadier "
+                                             f"run, {'the first' if quoted is first else 'the repeat'}, is quoted"}), \
+        [first, repeat]
 
 
 def leans_faster(result: ABResult) -> bool:
