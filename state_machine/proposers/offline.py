@@ -159,23 +159,23 @@ def _speedups(state: RunState) -> dict[int | None, float]:
     return out
 
 
-def _retryable(state: RunState) -> dict[Pairs, Evaluated]:
+def _retryable(state: RunState) -> dict[Pairs, tuple[Evaluated, float]]:
     """Knob patches rejected once, when timed, with a ratio below 1, against an incumbent that the run has since
-    made ``RETRY_AFTER`` times faster (by the estimated speedups): (knob, value) pairs -> that rejection."""
+    made ``RETRY_AFTER`` times faster (by the estimated speedups): (knob, value) pairs -> (that rejection, how
+    many times faster the incumbent is now)."""
     speedups, now = _speedups(state), state.incumbent.est_speedup
     rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch]
     times = Counter(_pairs(e.candidate.patch) for e in rejections)
-    return {_pairs(e.candidate.patch): e for e in rejections
+    return {_pairs(e.candidate.patch): (e, now / speedups[e.incumbent_id]) for e in rejections
             if times[_pairs(e.candidate.patch)] == 1 and not e.candidate.kernels and e.verdict.stage == "measure"
-            and e.verdict.ratio is not None and e.verdict.ratio < 1.0
-            and now >= RETRY_AFTER * speedups.get(e.incumbent_id, now)}
+            and e.verdict.ratio is not None and e.verdict.ratio < 1.0 and e.incumbent_id in speedups
+            and now >= RETRY_AFTER * speedups[e.incumbent_id]}
 
 
-def _tried(state: RunState, space: KnobSpace) -> tuple[list[Pairs], list[dict[str, Any]]]:
-    """The rejected candidates' patches as (knob, value) pairs (less the ones to try again, ``_retryable``),
+def _tried(state: RunState, space: KnobSpace, again: Mapping[Pairs, Any]) -> tuple[list[Pairs], list[dict[str, Any]]]:
+    """The rejected candidates' patches as (knob, value) pairs (less those in ``again``, to try once more),
     and the resolved configs of every knob-only candidate (a config that does not resolve, e.g. an LLM's
     unknown knob rejected at check, is skipped)."""
-    again = _retryable(state)
     rejected = [_pairs(e.candidate.patch) for e in state.history
                 if not e.verdict.accepted and e.candidate.patch and _pairs(e.candidate.patch) not in again]
     seen = []
@@ -281,8 +281,8 @@ def _sweepable(knob: Knob, value: Any, current: Mapping[str, Any], device: str, 
 def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:
     """The ``limit`` most promising untried knob patches (empty when nothing is left to try)."""
     space = ctx.target.knob_space
-    rejected, seen = _tried(state, space)
-    again, speedups = _retryable(state), _speedups(state)
+    again = _retryable(state)
+    rejected, seen = _tried(state, space, again)
     current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
                     + list(_generic_proposals(state, space, state.findings)),
@@ -295,11 +295,12 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue
-        if (earlier := again.get(_pairs(proposal.patch))) is not None:
+        if (retry := again.get(_pairs(proposal.patch))) is not None:
+            earlier, faster = retry
             proposal = replace(proposal, rationale=(
                 f"tried again: candidate #{earlier.candidate.id} measured {earlier.verdict.ratio:.3f} "
                 f"(rejected: {earlier.verdict.reason}) against an incumbent the run has since made "
-                f"x{state.incumbent.est_speedup / speedups[earlier.incumbent_id]:.2f} faster; {proposal.rationale}"))
+                f"x{faster:.2f} faster; {proposal.rationale}"))
         chosen.append(proposal)
         if len(chosen) == limit:
             break
