@@ -1,4 +1,5 @@
-"""The agent's nodes and proposers as plain functions of the state, without LangGraph or workers."""
+"""The agent's nodes and the LLM proposer's prompt and reply, as plain functions of the state, without LangGraph or
+workers (the offline proposer: test_offline_proposer.py)."""
 
 from __future__ import annotations
 
@@ -6,39 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from profilers.findings import findings as profile_findings
-from profilers.records import Finding, ProfileResult
+from profilers.records import ProfileResult
 from state_machine import nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
-from state_machine.proposers.offline import propose_offline
-from state_machine.state import Candidate, Evaluated, Limits, RunState, Verdict, loosest
-from targets.registry import resolve_target
-from tests.profilers.test_findings import coarse
-
-
-@pytest.fixture
-def ctx():
-    return RunContext(target=resolve_target("haste-rec"), policy=ProposerPolicy(kinds=("knob", "kernel")))
-
-
-@pytest.fixture
-def state(tmp_path):
-    return RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny")
-
-
-def finding(category: str, share: float, gain: float) -> Finding:
-    return Finding(category=category, phase=None, evidence=f"{category} evidence", share=share, headroom=10.0,
-                   headroom_basis="test", amdahl_gain=gain)
-
-
-def candidate(cid=1, **kw) -> Candidate:
-    kw.setdefault("kind", "knob")
-    return Candidate(id=cid, rationale="test", proposer="test", **kw)
-
-
-def checked(state, ctx, cand):
-    return nodes.check(state.model_copy(update={"current": cand}), ctx)
+from state_machine.state import Evaluated, Limits, Verdict, loosest
+from tests.state_machine.records import candidate, checked, finding
 
 
 def test_loosest_numerics_class():
@@ -114,35 +88,6 @@ def test_limits_stop_the_run(state):
                               ).startswith("max-minutes")
 
 
-def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
-    findings = [finding("data-wait", 0.3, 1.2), finding("optimizer", 0.6, 2.3)]
-    first = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=3)
-    assert first[0].patch == {"embedding_grad_mode": "fused"}  # largest gain x plausibility
-    assert all("prefetch_to_device" not in p.patch for p in first)  # a CUDA-only rule on a CPU run
-    every = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=200)
-    assert all(p.patch.get("tail_backend") not in ("triton", "triton-fused-loss") for p in every)  # nor its sweep
-    cuda = propose_offline(state.model_copy(update={"findings": findings, "device": "cuda"}), ctx, limit=20)
-    assert all(p.proposer != "offline:pinned-prefetch" for p in cuda)  # the rule needs data_workers > 0 first
-    assert any(p.patch.get("optimizer_impl") == "fused" for p in cuda)
-
-
-def test_offline_does_not_retry_what_was_rejected(state, ctx):
-    findings = [finding("optimizer", 0.6, 2.3)]
-    rejected = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
-                         config={"embedding_grad_mode": "fused"},
-                         verdict=Verdict(accepted=False, stage="validate", reason="numerics"))
-    proposals = propose_offline(state.model_copy(update={"findings": findings, "history": [rejected]}), ctx, 50)
-    assert proposals and all(p.patch.get("embedding_grad_mode") != "fused" for p in proposals)
-
-
-def test_offline_never_proposes_model_changes_unless_allowed(state, ctx):
-    space = ctx.target.knob_space
-    plain = propose_offline(state, ctx, limit=100)
-    assert plain and all(space[k].numerics != "model" for p in plain for k in p.patch)
-    allowed = propose_offline(state.model_copy(update={"allow_model_changes": True}), ctx, limit=200)
-    assert any(space[k].numerics == "model" for p in allowed for k in p.patch)
-
-
 def test_llm_prompt_carries_findings_knobs_history_and_slot_sources(state, ctx):
     rejected = Evaluated(candidate=candidate(1, patch={"data_workers": 4}), incumbent_id=None,
                          verdict=Verdict(accepted=False, stage="measure", reason="slower", ratio=1.3))
@@ -166,198 +111,6 @@ def test_llm_reply_becomes_proposals_with_parsed_values(state, ctx):
     assert first.patch == {"data_workers": 2} and first.kind == "knob" and first.proposer == "llm:ultra"
     assert second.kind == "kernel" and second.patch == {"precision": "fp8"}  # left for check to reject
     assert list(second.kernel_sources) == ["tail_forward"]
-
-
-def test_offline_sweeps_only_knobs_that_have_an_effect(state, ctx):
-    findings = [finding("tail-gather-bound", 0.3, 1.5)]
-    torch_tail = propose_offline(state.model_copy(update={"findings": findings}), ctx, limit=200)
-    assert not any(k.startswith("tail_block") or k.startswith("tail_num") for p in torch_tail for k in p.patch)
-    triton_tail = state.model_copy(update={"findings": findings, "device": "cuda",
-                                           "incumbent": state.incumbent.model_copy(
-                                               update={"config": {"tail_backend": "triton"}})})
-    assert any("tail_block_b" in p.patch for p in propose_offline(triton_tail, ctx, limit=200))
-
-
-def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
-    """The H200 large run's profile after triton-fused-loss and data_workers=2: the tail's Triton kernel has
-    little headroom left beyond how it multiplies fp32, so 3xTF32, TF32 and pinned prefetch rank above the
-    tail sweep, and no rule steps back to the autograd or slots tail."""
-    config = {"tail_backend": "triton-fused-loss", "data_workers": 2, "embedding_grad_mode": "fused"}
-    profile = coarse({"data": 0.22, "embed": 0.12, "tail": 0.48, "loss": 0.033, "backward": 0.21,
-                      "optimizer": 0.052})
-    bf16 = Evaluated(candidate=candidate(6, patch={"precision": "bf16-autocast"}), incumbent_id=None,
-                     config={**config, "precision": "bf16-autocast"},
-                     verdict=Verdict(accepted=False, stage="validate", reason="numerics"))  # as in that run; else first
-    fused = state.model_copy(update={
-        "device": "cuda", "history": [bf16], "incumbent": state.incumbent.model_copy(update={"config": config}),
-        "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config))})
-    proposals = propose_offline(fused, ctx, limit=6)
-    proposers = [p.proposer for p in proposals]
-    assert proposers[:4] == ["offline:tf32x3-tail", "offline:tf32-tail", "offline:tf32-matmuls",
-                             "offline:pinned-prefetch"]  # no sweep
-    assert proposals[3].patch == {"pin_memory": True, "prefetch_to_device": True}
-    assert proposers[4] == "offline:packed-batches"
-    assert not {p.proposer for p in proposals} & {"offline:tail-slots", "offline:triton-tail",
-                                                   "offline:triton-fused-loss"}
-
-
-def test_tail_rules_never_go_back_past_the_incumbent_backend(state, ctx):
-    tail = [finding("tail-gather-bound", 0.5, 1.5), finding("loss", 0.1, 1.1)]
-    rules = {}
-    for backend in ("torch", "slots", "triton", "triton-fused-loss"):
-        at = state.model_copy(update={"findings": tail, "device": "cuda", "incumbent": state.incumbent.model_copy(
-            update={"config": {"tail_backend": backend}})})
-        rules[backend] = {p.patch["tail_backend"] for p in propose_offline(at, ctx, limit=200)
-                          if "tail_backend" in p.patch and p.proposer != "offline:sweep"}
-    assert rules == {"torch": {"slots", "triton", "triton-fused-loss"}, "slots": {"triton", "triton-fused-loss"},
-                     "triton": {"triton-fused-loss"}, "triton-fused-loss": set()}
-
-
-def test_the_sweep_leaves_out_what_the_incumbent_went_past(state, ctx):
-    """The H200 large run of 2026-11-30 swept tail_backend torch, slots and triton after it had taken the fused
-    Triton tail (x4.2, x1.6, x1.2 slower): torch was what the accepted change moved away from, and the rules
-    propose slots and the unfused Triton tail only from behind them."""
-    fused = Evaluated(candidate=candidate(1, patch={"tail_backend": "triton-fused-loss"}), incumbent_id=None,
-                      config={"tail_backend": "triton-fused-loss"},
-                      verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.33))
-    at = state.model_copy(update={"device": "cuda", "history": [fused], "findings": [
-        finding("tail-gather-bound", 0.5, 1.5)], "incumbent": state.incumbent.model_copy(update={
-            "config": {"tail_backend": "triton-fused-loss"}, "from_candidate": 1})})
-    proposals = propose_offline(at, ctx, limit=200)
-    assert any("tail_block_b" in p.patch for p in proposals)  # the fused kernel's own knobs are swept
-    assert not any("tail_backend" in p.patch for p in proposals)
-    before = at.model_copy(update={"history": [], "incumbent": state.incumbent.model_copy(
-        update={"config": {"tail_backend": "slots"}})})  # from slots, triton is a step forward, torch a sweep
-    swept = {p.patch["tail_backend"] for p in propose_offline(before, ctx, limit=200) if "tail_backend" in p.patch}
-    assert swept == {"torch", "triton", "triton-fused-loss"}
-
-
-def test_a_rejected_change_still_allows_a_larger_one_that_holds_it(state, ctx):
-    """The H200 large-cached run of 2026-11-30: the fused update on host tables measured slower, and that
-    blocked the device-cache rule (cached placement + fused update), SparseGear's path for tables over budget."""
-    host = {"embedding_placement": "host", "embedding_grad_mode": "sparse", "tail_backend": "triton"}
-    rejected = Evaluated(candidate=candidate(3, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
-                         config={**host, "embedding_grad_mode": "fused"},
-                         verdict=Verdict(accepted=False, stage="measure", reason="slower", ratio=1.11))
-    at = state.model_copy(update={"device": "cuda", "history": [rejected], "findings": [
-        finding("optimizer", 0.36, 1.5)], "incumbent": state.incumbent.model_copy(update={"config": host})})
-    proposals = propose_offline(at, ctx, limit=200)
-    assert proposals[0].proposer == "offline:device-cache"
-    assert all(p.patch != {"embedding_grad_mode": "fused"} for p in proposals)  # the rejected change itself: no
-
-
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "sparse"}  # haste_rec_large_cached.toml
-
-
-def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
-    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio]), each
-    candidate measured against the incumbent of its time, and the findings of `profile` (that run's profile
-    of its incumbent)."""
-    result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
-    history, config, incumbent, est = [], dict(base), None, 1.0
-    for cid, patch, accepted, *ratio in steps:
-        ratio = ratio[0] if ratio else None
-        history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
-                                 config={**config, **patch},
-                                 verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run",
-                                                 ratio=ratio)))
-        if accepted:
-            config, incumbent, est = {**config, **patch}, cid, est / (ratio or 1.0)
-    resolved = ctx.target.knob_space.resolve(config)
-    assert {k: resolved[k] for k in config} == {k: result.config[k] for k in config}  # the profile's own config
-    return state.model_copy(update={
-        "device": "cuda", "size": size, "baseline_config": base, "history": history,
-        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent,
-                                                        "est_speedup": est}),
-        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
-
-
-def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
-    """Replayed on the real profile of the 2026-11-30 `large` run after its last accepted change (#10), with
-    that run's history up to #12: the proposer now offers the dense CUDA graphs, 3xTF32, TF32 for the tail
-    alone and packed batches before any sweep, and sweeps no tail backend (that run's #13-15 were torch, slots and triton: x4.2, x1.6,
-    x1.2 slower)."""
-    at = replayed(state, ctx, "h200_large_after_10.json", "large", {}, [
-        (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
-        (3, {"data_workers": 2}, True), (4, {"compile_encoder": True}, False),
-        (5, {"pin_memory": True, "prefetch_to_device": True}, True), (6, {"precision": "bf16-autocast"}, False),
-        (7, {"matmul_precision": "high"}, False), (8, {"embedding_backend": "triton"}, False),
-        (9, {"data_workers": 4}, False), (10, {"embedding_grad_mode": "sparse"}, True),
-        (11, {"optimizer_impl": "fused"}, False), (12, {"optimizer_impl": "foreach"}, False)])
-    proposals = propose_offline(at, ctx, limit=200)
-    # first the CUDA graphs of the dense part (session 9: the step is host-bound, 38% of it launch gaps)
-    assert [p.proposer for p in proposals[:4]] == ["offline:dense-cuda-graph", "offline:tf32x3-tail",
-                                                   "offline:tf32-tail", "offline:packed-batches"]
-    assert not any("tail_backend" in p.patch for p in proposals)
-
-
-def test_the_h200_large_cached_run_reaches_the_device_cache(state, ctx):
-    """Replayed on the real profile of the first 2026-11-30 `large-cached` run after its one win (#2, the
-    Triton tail) with its history to #3 (the fused update on host tables, 1.11: rejected): the device cache
-    with the fused update, which that run never tried, is among the next three proposals."""
-    at = replayed(state, ctx, "h200_large_cached_after_2.json", "large-cached", LARGE_CACHED_BASE, [
-        (1, {"tail_backend": "triton-fused-loss"}, False), (2, {"tail_backend": "triton"}, True),
-        (3, {"embedding_grad_mode": "fused"}, False)])
-    proposals = propose_offline(at, ctx, limit=3)
-    assert {"embedding_placement": "cached", "embedding_grad_mode": "fused"} in [p.patch for p in proposals]
-    assert all(p.patch != {"embedding_grad_mode": "fused"} for p in propose_offline(at, ctx, limit=200))
-
-
-def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_sweeps(state, ctx):
-    """Replayed on the real profile of the second 2026-11-30 `large-cached` run after its one win (#1, the
-    fused Triton tail) with its history to #8: that run swept the tail's tile sizes next (#9-#11) for its big
-    optimizer finding, and never reached the loader workers its data phase (8% of the step) asked for. Now a
-    sweep's plausibility is shared among its values. First come pinned row traffic (the optimizer phase waited
-    26.8 ms of its 52 on the device, where row gradients come down), then the dense CUDA graphs, TF32 for the tail alone, the
-    embedding rules and the loader workers."""
-    at = replayed(state, ctx, "h200_large_cached_s8_after_1.json", "large-cached", LARGE_CACHED_BASE, [
-        (1, {"tail_backend": "triton-fused-loss"}, True),
-        (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, False),
-        (3, {"optimizer_impl": "fused"}, False), (4, {"compile_encoder": True}, False),
-        (5, {"optimizer_impl": "foreach"}, False), (6, {"tail_fp32_dot": "tf32x3"}, False),
-        (7, {"precision": "bf16-autocast"}, False), (8, {"matmul_precision": "high"}, False)])
-    proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:6]] == ["offline:pinned-row-traffic", "offline:dense-cuda-graph",
-                                                   "offline:tf32-tail", "offline:triton-embeddings",
-                                                   "offline:host-pooling", "offline:loader-workers"]
-    first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 8  # the eight rules the findings still trigger go first
-
-
-@pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
-                                       {"tail_backend": "triton", "matmul_precision": "high"}])
-def test_no_patch_sets_a_knob_that_does_nothing_under_it(state, ctx, incumbent):
-    """tail_fp32_dot is in effect only when the Triton tail multiplies fp32 at matmul_precision highest
-    (Knob.active_when): elsewhere neither its rules nor a sweep propose it, whatever the findings say."""
-    at = state.model_copy(update={"device": "cuda", "incumbent": state.incumbent.model_copy(update={
-        "config": incumbent}), "findings": [finding(c, 0.4, 2.0) for c in ("fp32-products", "tail-gather-bound",
-                                                                           "backward", "compute-bound kernel")]})
-    proposals = propose_offline(at, ctx, limit=500)
-    assert proposals and not any("tail_fp32_dot" in p.patch for p in proposals)
-    triton_fp32 = at.model_copy(update={"incumbent": state.incumbent.model_copy(update={
-        "config": {"tail_backend": "triton"}})})
-    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in propose_offline(triton_fp32, ctx, limit=500)]
-
-
-def test_user_settings_are_never_tuned(state, ctx):
-    verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current_verdict"]
-    assert not verdict.accepted and verdict.stage == "check" and "user's own setting" in verdict.reason
-    every = [finding(c, 0.3, 1.5) for c in ("optimizer", "embedding-bound", "data-wait", "cache-misses", "backward")]
-    proposals = propose_offline(state.model_copy(update={"findings": every}), ctx, limit=500)
-    assert proposals and all("embedding_hbm_budget_gb" not in p.patch for p in proposals)
-
-
-def test_host_tables_get_the_device_cache_rule_early(state, ctx):
-    host = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)], "incumbent":
-                                    state.incumbent.model_copy(update={"config": {
-                                        "embedding_placement": "host", "embedding_grad_mode": "sparse"}})})
-    first = {p.proposer: p.patch for p in propose_offline(host, ctx, limit=2)}
-    assert first["offline:device-cache"] == {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
-    every = propose_offline(host.model_copy(update={"findings": [finding("optimizer", 0.3, 1.5)]}), ctx, limit=200)
-    assert "offline:fused-embedding-update" not in {p.proposer for p in every}  # on host tables: the cache rule's
-    device = state.model_copy(update={"findings": [finding("embedding-bound", 0.5, 1.5)]})
-    assert all(p.proposer != "offline:device-cache" for p in propose_offline(device, ctx, limit=50))
 
 
 def _final_ab(baseline_ms, best_ms, ratio):
@@ -483,61 +236,3 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     assert seen["floor"] == 0.031
     events = Path(state.run_dir, "events.jsonl").read_text()
     assert events.count('"recalibrate"') == 2 and '"was": 0.01' in events
-
-
-S9_LARGE_HISTORY = [  # the 2026-11-30 session-9 `large` run (docs/results/2026-11-30-h200x2-large-drained/)
-    (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
-    (3, {"data_workers": 2}, True), (4, {"tail_fp32_dot": "tf32x3"}, True), (5, {"compile_encoder": True}, False),
-    (6, {"pin_memory": True, "prefetch_to_device": True}, False), (7, {"pack_batches": True}, True),
-    (8, {"tail_fp32_dot": "tf32"}, False), (9, {"precision": "bf16-autocast"}, False),
-    (10, {"matmul_precision": "high"}, False), (11, {"embedding_backend": "triton"}, False)]
-
-
-def test_the_host_bound_h200_large_step_goes_to_the_dense_cuda_graphs(state, ctx):
-    """Replayed on the real profile of the session-9 `large` run after its last win (#7: 11.4 ms of host work
-    in a 13.1 ms step, 38% of it launch gaps) with its history to #11: the CUDA graphs of the dense part come
-    first, and the rejected TF32 tail is not offered again in that run."""
-    at = replayed(state, ctx, "h200_large_s9_after_7.json", "large", {}, S9_LARGE_HISTORY)
-    proposals = propose_offline(at, ctx, limit=200)
-    assert proposals[0].patch == {"dense_cuda_graph": True}
-    assert all(p.patch != {"tail_fp32_dot": "tf32"} for p in proposals)
-    # not from a tail the graphs cannot capture: with the autograd tail the knob would do nothing
-    unfused = at.model_copy(update={"incumbent": at.incumbent.model_copy(update={"config": {
-        **at.incumbent.config, "tail_backend": "triton"}})})
-    assert all("dense_cuda_graph" not in p.patch for p in propose_offline(unfused, ctx, limit=200))
-
-
-S10_LARGE_HISTORY = [  # the session-10 `large` run (docs/results/2026-11-30-h200x2-large-graphs/), with its ratios
-    (1, {"embedding_grad_mode": "fused"}, True, 0.693), (2, {"tail_backend": "triton-fused-loss"}, True, 0.312),
-    (3, {"data_workers": 2}, True, 0.774), (4, {"tail_fp32_dot": "tf32x3"}, True, 0.749),
-    (5, {"dense_cuda_graph": True}, False, 0.959), (6, {"compile_encoder": True}, False, 0.970),
-    (7, {"pin_memory": True, "prefetch_to_device": True}, False, 0.919), (8, {"pack_batches": True}, True, 0.696)]
-
-
-def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_much_faster(state, ctx):
-    """Replayed on the real profile of the session-10 `large` run after its last win (#8, packed batches: the
-    incumbent x1.44 faster than when #5-7 were timed): the dense CUDA graphs, no-difference at 0.959 against the
-    14 ms incumbent, come first again, and say why; once tried again, they are not offered a third time."""
-    at = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY)
-    proposals = propose_offline(at, ctx, limit=200)
-    assert proposals[0].patch == {"dense_cuda_graph": True}
-    assert proposals[0].rationale.startswith("tried again: candidate #5 measured 0.959") and "x1.44 faster" in \
-        proposals[0].rationale
-    again = [p.patch for p in proposals if p.rationale.startswith("tried again")]
-    assert {"compile_encoder": True} in again and {"pin_memory": True, "prefetch_to_device": True} in again
-    # not before the incumbent got RETRY_AFTER faster: without #8, none of #5-7 comes back
-    before = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY[:7]
-                      + [(8, {"pack_batches": True}, False, 0.99)])
-    before = before.model_copy(update={"incumbent": at.incumbent.model_copy(update={"est_speedup": 7.98})})
-    assert not [p for p in propose_offline(before, ctx, limit=200) if p.rationale.startswith("tried again")]
-    # tried twice: never again
-    twice = at.model_copy(update={"history": at.history + [Evaluated(
-        candidate=candidate(9, patch={"dense_cuda_graph": True}), incumbent_id=8,
-        config={**at.incumbent.config, "dense_cuda_graph": True},
-        verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.97))]})
-    assert all(p.patch != {"dense_cuda_graph": True} for p in propose_offline(twice, ctx, limit=200))
-    # nor one that measured slower
-    slower = [(cid, patch, ok, 1.02 if cid == 5 else r) for cid, patch, ok, r in S10_LARGE_HISTORY]
-    assert all(p.patch != {"dense_cuda_graph": True}
-               for p in propose_offline(replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, slower),
-                                        ctx, limit=200))
