@@ -43,7 +43,7 @@ def run_search(search: str, iters: int, args: argparse.Namespace, runs_dir: Path
     cmd += [part for value in args.sets for part in ("--set", value)]
     cmd += ["--threads", str(args.threads)] if args.threads else []
     cmd += ["--block-steps", str(args.block_steps)] if args.block_steps else []
-    cmd += ["--recalibrate-after", str(args.recalibrate_after)]
+    cmd += ["--aa-blocks", str(args.aa_blocks), "--recalibrate-after", str(args.recalibrate_after)]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - start
@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds any one worker may run")
     parser.add_argument("--blocks", type=int, default=6, help="timed blocks per side in each A/B (even)")
+    parser.add_argument("--aa-blocks", type=int, default=20, help="timed blocks per side in each A/A run that "
+                        "sets the noise floor (even)")
     parser.add_argument("--block-steps", type=int, default=None, help="steps per block (default: sized by sg-opt)")
     parser.add_argument("--recalibrate-after", type=float, default=2.0, help="noise floor again on an incumbent "
                         "this many times faster (0: never)")

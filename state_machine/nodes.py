@@ -91,8 +91,8 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
             plan.block_seconds / max(step_s, 1e-6))))})
     try:
-        noise, lanes = noise_floor(state, baseline_request(state, "bench"), plan.blocks, plan.block_steps,
-                                   plan.timeout_s)
+        noise, lanes = noise_floor(state, baseline_request(state, "bench"), plan.calibration_blocks,
+                                   plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
     calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
@@ -125,8 +125,8 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
         return {}
     plan, cid = state.plan, state.incumbent.from_candidate
     try:
-        noise, lanes = noise_floor(state, incumbent_request(state, "bench"), plan.blocks, plan.block_steps,
-                                   plan.timeout_s)
+        noise, lanes = noise_floor(state, incumbent_request(state, "bench"), plan.calibration_blocks,
+                                   plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
         ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
         return {}

@@ -55,6 +55,12 @@ class EvalPlan(BaseModel):
     block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "
                                                   "when that is None (--block-steps sets it to 0)")
     aa_repeats: int = Field(2, description="A/A runs that set the noise floor")
+    aa_blocks: int = Field(20, description="blocks per side of each A/A run, at least `blocks`. The floor is an "
+                                           "upper bound on the drift between identical processes (|1 - ratio| + "
+                                           "half-width), so it is as loose as the A/A's interval: against a 13.6 ms "
+                                           "host-bound incumbent at `large`, 6 blocks gave a half-width of 9.6% and "
+                                           "a floor of 16.9% (2026-11-30), under which a candidate measured at "
+                                           "0.849 (interval 0.779-0.887) was not a win")
     recalibrate_after: float = Field(2.0, description="calibrate the noise floor again on an incumbent this many "
                                                       "times faster than the step of the floor in force (0: never; "
                                                       "nodes.diagnose)")
@@ -66,6 +72,11 @@ class EvalPlan(BaseModel):
     concurrent_timing: bool = Field(True, description="--gpus: whether the lanes' A/B timings may run at once "
                                                       "(set at the baseline from the A/A floors, state_machine.lanes)")
     lanes_note: str | None = Field(None, description="--gpus: how the timing mode was chosen")
+
+    @property
+    def calibration_blocks(self) -> int:
+        """Blocks per side of an A/A run: ``aa_blocks``, and never fewer than a candidate's measurement."""
+        return max(self.blocks, self.aa_blocks)
 
 
 class Candidate(BaseModel):

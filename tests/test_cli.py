@@ -137,7 +137,8 @@ def test_bench_vs_odd_blocks_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "even" in result.output
 
 
-def test_optimize_odd_final_blocks_is_a_usage_error(tmp_path):
-    result = runner.invoke(app, ["optimize", "--size", "tiny", "--final-blocks", "3", "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "--final-blocks must be even" in result.output
+@pytest.mark.parametrize("option", ["--final-blocks", "--aa-blocks"])
+def test_optimize_odd_block_counts_are_a_usage_error(tmp_path, option):
+    result = runner.invoke(app, ["optimize", "--size", "tiny", option, "3", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and f"{option} must be even" in result.output.replace("\n", " ")
     assert not any(tmp_path.iterdir())  # refused before a run directory was made

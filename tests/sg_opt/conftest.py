@@ -28,7 +28,7 @@ def agent_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs")
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "tests.fixtures.agent_target:target",
            "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2", "--blocks", "4",
-           "--final-blocks", "4", "--block-steps", "3",
+           "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3",
            "--out", str(out), "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -59,7 +59,7 @@ def run(tmp_path: Path, server, monkeypatch, tier: str, *args: str, budget: floa
     result = CliRunner().invoke(app, ["optimize", "--target", AGENT_TARGET, "--size", "tiny", "--tier", tier,
                                       "--tiers", str(tiers), "--base-url", server.url, "--llm-timeout", "2",
                                       "--timeout", "60", "--threads", "1", "--blocks", "4",
-                                      "--final-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
+                                      "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
                                       "--out", str(tmp_path / "runs"),
                                       "--json", *args])
     assert result.exit_code == 0, result.output + result.stderr

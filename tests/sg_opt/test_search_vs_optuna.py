@@ -27,7 +27,7 @@ def tpe_run(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tpe-runs")
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", TPE_TARGET, "--size", "tiny", "--search", "tpe",
            "--threads", "1", "--timeout", "20", "--blocks", "2",
-           "--final-blocks", "2", "--block-steps", "3", "--max-iters", "4", "--recalibrate-after", "0",
+           "--final-blocks", "2", "--aa-blocks", "2", "--block-steps", "3", "--max-iters", "4", "--recalibrate-after", "0",
            "--out", str(out), "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -39,7 +39,7 @@ def events(run_dir: Path) -> list[dict]:
 
 def test_offline_tier_on_tiny_finds_a_win_and_explains_a_rejection(tmp_path):
     done = optimize("--target", "haste-rec", "--size", "tiny", "--max-iters", "2", "--blocks", "4",
-                    "--final-blocks", "4", "--block-steps", "5", "--recalibrate-after", "0",
+                    "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "5", "--recalibrate-after", "0",
                     "--json", out=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -61,7 +61,7 @@ def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp
     and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection."""
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--out", str(tmp_path), "--threads", "1", "--target",
            AGENT_TARGET, "--size", "tiny", "--timeout", "20", "--max-iters", "6", "--blocks", "4",
-           "--final-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
+           "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
            "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300

@@ -89,7 +89,7 @@ def test_two_lanes_evaluate_real_candidates_at_once(tmp_path):
     records one winner per batch."""
     request = RunRequest(run_id="lanes", target=AGENT_TARGET, size="tiny", threads=1, gpus=2,
                          max_iters=2, plan={"blocks": 4, "block_steps": 3, "block_seconds": 0.0, "aa_repeats": 1,
-                                            "recalibrate_after": 0.0})
+                                            "aa_blocks": 4, "recalibrate_after": 0.0})
     ctx = RunContext(target=resolve_target(AGENT_TARGET), policy=ProposerPolicy())
     state = RunState(run_id=request.run_id, run_dir=str(tmp_path), target=AGENT_TARGET, size="tiny", threads=1,
                      gpus=2, limits=Limits(max_iters=2, max_minutes=10), plan=request.plan)
