@@ -264,6 +264,8 @@ def optimize(
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
     final_blocks: int = typer.Option(20, "--final-blocks", min=2, help="blocks per side of the final "
                                      "baseline-against-best measurement, at least --blocks (20: as bench --vs)"),
+    aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="A/A runs that set the noise floor (the floor is "
+                                "the worst of them)"),
     aa_blocks: int = typer.Option(20, "--aa-blocks", min=2, help="blocks per side of each A/A run that sets the "
                                   "noise floor, at least --blocks (the floor is as loose as their interval)"),
     recalibrate_after: float = typer.Option(2.0, "--recalibrate-after", min=0.0, help="calibrate the noise floor "
@@ -291,8 +293,9 @@ def optimize(
                 raise ConfigError(f"{odd[0]} must be even, so that each side runs first equally often")
             overrides = _inputs(target, size, config, set_, data, ranks)
             fixed_blocks = {"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {}
-            plan = {"blocks": blocks, "final_blocks": final_blocks, "aa_blocks": aa_blocks, "timeout_s": timeout,
-                    "min_timeout_s": min(60.0, timeout), "recalibrate_after": recalibrate_after, **fixed_blocks}
+            plan = {"blocks": blocks, "final_blocks": final_blocks, "aa_repeats": aa_runs, "aa_blocks": aa_blocks,
+                    "timeout_s": timeout, "min_timeout_s": min(60.0, timeout), "recalibrate_after": recalibrate_after,
+                    **fixed_blocks}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)
             request = RunRequest(run_id=run_id, target=target, size=size,
                                  config=overrides, data=str(Path(data).resolve()) if data else None, device=device,

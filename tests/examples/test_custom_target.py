@@ -11,6 +11,7 @@ import torch
 
 from examples.custom_target import target
 from examples.custom_target.model import ClickLog, SIZES, interaction
+from tests.fixtures.quick_measurement import quick_measurement
 from validators.kernel import check_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,9 +42,8 @@ def test_the_interaction_reference_passes_the_kernel_validator():
 
 def test_sg_opt_optimize_runs_the_example(tmp_path):
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "examples.custom_target:target", "--size",
-           "tiny", "--threads", "1", "--max-iters", "1", "--blocks", "4",
-           "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0", "--out", str(tmp_path),
-           "--json"]
+           "tiny", "--threads", "1", "--max-iters", "1", *quick_measurement(),
+           "--out", str(tmp_path), "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -17,6 +17,7 @@ from sg_opt.ledger import TokenLedger
 from sg_opt.tiers import Price
 from state_machine.llm_interfaces import Usage
 from tests.fixtures.openai_server import openai_server  # noqa: F401 (the scripted server, for every test here)
+from tests.fixtures.quick_measurement import quick_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 FINE = Path(__file__).with_name("test_report_fine.json")
@@ -27,9 +28,8 @@ def agent_run(tmp_path_factory) -> Path:
     """One real `sg-opt optimize` of the agent test target, shared by the report tests."""
     out = tmp_path_factory.mktemp("runs")
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "tests.fixtures.agent_target:target",
-           "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2", "--blocks", "4",
-           "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3",
-           "--out", str(out), "--json"]
+           "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2",
+           *quick_measurement(recalibrate_after=None), "--out", str(out), "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]

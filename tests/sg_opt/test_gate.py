@@ -29,7 +29,6 @@ TARGET = f"{MODULE}:target"
 # sleep: a short measurement stays steady on a busy machine (the gate's logic is under test, not torch).
 SHORT = ["--target", TARGET, "--size", "tiny", "--threads", "1", "--blocks", "4", "--block-steps", "3",
          "--warmup", "2", "--numerics-steps", "4", "--timeout", "120"]
-SMALLER_BATCH = ("ROWS, DIMS, OUT = 256, 64, 8", "ROWS, DIMS, OUT = 64, 64, 8")
 SLOWER = ("        self.steps += 1\n", "        self.steps += 1\n        time.sleep(0.02)\n")
 OTHER_MATH = ("self.w -= 0.05 * self.w.grad", "self.w -= 0.04 * self.w.grad")
 
@@ -102,7 +101,6 @@ def repo(tmp_path, monkeypatch):
     git(root, "config", "user.email", "gate@test")
     git(root, "config", "user.name", "gate test")
     shutil.copy(FIXTURE, root / f"{MODULE}.py")
-    change(root / f"{MODULE}.py", SMALLER_BATCH)
     git(root, "add", ".")
     git(root, "commit", "-qm", "base")
     monkeypatch.chdir(root)

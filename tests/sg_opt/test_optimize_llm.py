@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from sg_opt.cli import app
 from tests.fixtures.openai_server import reply_delay, reply_json, reply_raw, reply_status
+from tests.fixtures.quick_measurement import quick_measurement
 
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 FAKE_KEY = "sk-test-DO-NOT-LEAK-4242424242"
@@ -58,8 +59,7 @@ def run(tmp_path: Path, server, monkeypatch, tier: str, *args: str, budget: floa
     tiers.write_text(PRICES.format(budget=budget, output_price=output_price))
     result = CliRunner().invoke(app, ["optimize", "--target", AGENT_TARGET, "--size", "tiny", "--tier", tier,
                                       "--tiers", str(tiers), "--base-url", server.url, "--llm-timeout", "2",
-                                      "--timeout", "60", "--threads", "1", "--blocks", "4",
-                                      "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
+                                      "--timeout", "60", "--threads", "1", *quick_measurement(),
                                       "--out", str(tmp_path / "runs"),
                                       "--json", *args])
     assert result.exit_code == 0, result.output + result.stderr

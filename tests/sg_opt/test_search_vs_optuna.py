@@ -16,6 +16,7 @@ from sg_opt import plots
 from sg_opt.cli import app
 from sg_opt.run_store import RunRequest
 from sg_opt.summary import Summary
+from tests.fixtures.quick_measurement import quick_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 TPE_TARGET = "tests.fixtures.tpe_target:target"
@@ -26,8 +27,7 @@ def tpe_run(tmp_path_factory) -> tuple[Path, dict]:
     """One real TPE run of a target with three other configurations: a win and two numerics failures."""
     out = tmp_path_factory.mktemp("tpe-runs")
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", TPE_TARGET, "--size", "tiny", "--search", "tpe",
-           "--threads", "1", "--timeout", "20", "--blocks", "2",
-           "--final-blocks", "2", "--aa-blocks", "2", "--block-steps", "3", "--max-iters", "4", "--recalibrate-after", "0",
+           "--threads", "1", "--timeout", "20", *quick_measurement(blocks=2), "--max-iters", "4",
            "--out", str(out), "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
+from tests.fixtures.quick_measurement import quick_measurement
 
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +39,7 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def test_offline_tier_on_tiny_finds_a_win_and_explains_a_rejection(tmp_path):
-    done = optimize("--target", "haste-rec", "--size", "tiny", "--max-iters", "2", "--blocks", "4",
-                    "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "5", "--recalibrate-after", "0",
+    done = optimize("--target", "haste-rec", "--size", "tiny", "--max-iters", "2", *quick_measurement(block_steps=5),
                     "--json", out=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -60,8 +60,7 @@ def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp
     """Kill -9 mid-run, resume: no accepted result is lost, at most the candidate in flight is redone,
     and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection."""
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--out", str(tmp_path), "--threads", "1", "--target",
-           AGENT_TARGET, "--size", "tiny", "--timeout", "20", "--max-iters", "6", "--blocks", "4",
-           "--final-blocks", "4", "--aa-blocks", "4", "--block-steps", "3", "--recalibrate-after", "0",
+           AGENT_TARGET, "--size", "tiny", "--timeout", "20", "--max-iters", "6", *quick_measurement(),
            "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
