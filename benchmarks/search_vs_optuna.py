@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds any one worker may run")
     parser.add_argument("--blocks", type=int, default=6, help="timed blocks per side in each A/B (even)")
-    parser.add_argument("--aa-blocks", type=int, default=20, help="timed blocks per side in each A/A run that "
+    parser.add_argument("--aa-blocks", type=int, default=40, help="timed blocks per side in each A/A run that "
                         "sets the noise floor (even)")
     parser.add_argument("--block-steps", type=int, default=None, help="steps per block (default: sized by sg-opt)")
     parser.add_argument("--recalibrate-after", type=float, default=2.0, help="noise floor again on an incumbent "

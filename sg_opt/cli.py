@@ -266,7 +266,7 @@ def optimize(
                                      "baseline-against-best measurement, at least --blocks (20: as bench --vs)"),
     aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="A/A runs that set the noise floor (the floor is "
                                 "the worst of them)"),
-    aa_blocks: int = typer.Option(20, "--aa-blocks", min=2, help="blocks per side of each A/A run that sets the "
+    aa_blocks: int = typer.Option(40, "--aa-blocks", min=2, help="blocks per side of each A/A run that sets the "
                                   "noise floor, at least --blocks (the floor is as loose as their interval)"),
     recalibrate_after: float = typer.Option(2.0, "--recalibrate-after", min=0.0, help="calibrate the noise floor "
                                             "again on an incumbent this many times faster than the step of the "

@@ -55,12 +55,15 @@ class EvalPlan(BaseModel):
     block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "
                                                   "when that is None (--block-steps sets it to 0)")
     aa_repeats: int = Field(2, description="A/A runs that set the noise floor")
-    aa_blocks: int = Field(20, description="blocks per side of each A/A run, at least `blocks`. The floor is an "
+    aa_blocks: int = Field(40, description="blocks per side of each A/A run, at least `blocks`. The floor is an "
                                            "upper bound on the drift between identical processes (|1 - ratio| + "
                                            "half-width), so it is as loose as the A/A's interval: against a 13.6 ms "
                                            "host-bound incumbent at `large`, 6 blocks gave a half-width of 9.6% and "
                                            "a floor of 16.9% (2026-11-30), under which a candidate measured at "
-                                           "0.849 (interval 0.779-0.887) was not a win")
+                                           "0.849 (interval 0.779-0.887) was not a win. On synthetic blocks of that "
+                                           "noise (benchmarks/aa_blocks_synthetic.py) a true 15% win is accepted "
+                                           "3.4% of the time after 6-block A/A runs, 40% after 20, 70% after 40; "
+                                           "an identical candidate never")
     recalibrate_after: float = Field(2.0, description="calibrate the noise floor again on an incumbent this many "
                                                       "times faster than the step of the floor in force (0: never; "
                                                       "nodes.diagnose)")

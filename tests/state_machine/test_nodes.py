@@ -201,7 +201,7 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     calibrated, profiled = [], []
 
     def noise_floor(st, spec, blocks, block_steps, timeout_s):
-        assert blocks == 20  # aa_blocks, not a candidate's 6: the floor is as loose as the A/A's interval
+        assert blocks == 40  # aa_blocks, not a candidate's 6: the floor is as loose as the A/A's interval
         calibrated.append(dict(spec.config))
         run = _final_ab([24.1, 24.6, 23.8, 24.9], [24.4, 23.9, 25.0, 24.2], 1.0)
         return NoiseFloor(floor=0.031, runs=[run, run]), {}
