@@ -71,7 +71,7 @@ def trial_rates(aa_blocks: int, truth: float, trials: int, args: argparse.Namesp
     return float(np.median(floors)), accepted / trials
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--aa-blocks", type=int, nargs="+", default=[6, 20], help="blocks per side of an A/A run")
     parser.add_argument("--truths", type=float, nargs="+", default=[1.0, 0.90, 0.85],
@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=float, default=0.02, help="sigma of the shared random walk per block pair")
     parser.add_argument("--process-bias", type=float, default=0.005, help="lognormal sigma of a process's speed")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     print(f"{args.trials} trials a cell; block sigma {args.sigma}, shared drift {args.drift}, process bias "
           f"{args.process_bias}; candidates measured on {args.blocks} blocks a side\n")
     print("| A/A blocks | median floor | " + " | ".join(f"accepted at {t:g}" for t in args.truths) + " |")

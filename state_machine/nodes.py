@@ -100,7 +100,7 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
     plan = plan.model_copy(update={"timeout_s": min(plan.timeout_s, max(plan.min_timeout_s,
                                                                           TIMEOUT_FACTOR * longest)), **lanes})
     record = Baseline(numerics_file=numerics_file, quality=quality,
-                      step_ms=1e3 * statistics.median(noise.block_medians), noise_floor=noise.floor,
+                      step_ms=noise.step_ms, noise_floor=noise.floor,
                       calibration_file=calibration, resolved_config=numerics.config, reorder=reorder,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
@@ -131,8 +131,8 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
         ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
         return {}
     path = write_json(_dir(state, "candidates", f"{cid:03d}", "calibration.json"), noise)
-    record = Recalibration(after_candidate=cid, step_ms=1e3 * statistics.median(noise.block_medians),
-                           noise_floor=noise.floor, calibration_file=path)
+    record = Recalibration(after_candidate=cid, step_ms=noise.step_ms, noise_floor=noise.floor,
+                           calibration_file=path)
     ctx.event(state.run_dir, "recalibrate", after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
               was=state.noise_floor, lanes=lanes.get("lanes_note"))
     return {"recalibrations": state.recalibrations + [record], "plan": plan.model_copy(update=lanes)}

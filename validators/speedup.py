@@ -224,6 +224,11 @@ class NoiseFloor(BaseModel):
         """Every block median of its A/A runs, both sides: the calibrated spec's step time, many times over."""
         return [m for run in self.runs for m in run.a.block_medians + run.b.block_medians]
 
+    @property
+    def step_ms(self) -> float:
+        """The calibrated spec's step time: the median of every A/A block, in ms."""
+        return 1e3 * float(np.median(self.block_medians))
+
 
 class Confirmation(BaseModel):
     accepted: bool

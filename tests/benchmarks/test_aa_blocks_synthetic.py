@@ -3,13 +3,11 @@ candidate is never accepted, and a candidate twice as fast almost always is."""
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks import aa_blocks_synthetic
 
 
 def test_the_protocol_accepts_a_clear_win_and_never_an_identical_candidate(capsys):
-    args = argparse.Namespace(blocks=6, sigma=0.07, drift=0.02, process_bias=0.005, seed=0)
+    args = aa_blocks_synthetic.parse_args([])  # the script's own defaults: the noise of the `large` incumbent
     floor, identical = aa_blocks_synthetic.trial_rates(20, 1.0, 20, args)
     _, halved = aa_blocks_synthetic.trial_rates(20, 0.5, 20, args)
     assert 0.01 < floor < 0.3 and identical == 0.0 and halved >= 0.9
