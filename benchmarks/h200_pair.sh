@@ -48,7 +48,7 @@ for name in a b; do
         args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")
         gpu=$([ "$name" = a ] && echo 0 || echo 1); first=$([ "$name" = a ] && echo 0 || echo "$half")
         CUDA_VISIBLE_DEVICES=$gpu taskset -c "$first-$((first + half - 1))" \
-            timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
+            timeout 400 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
             > "$OUT/$name/bench_vs.log" 2>&1
         tail -3 "$OUT/$name/bench_vs.log"; grep -v '^$' "$run/report.md" | head -12
     fi

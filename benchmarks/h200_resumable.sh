@@ -39,6 +39,6 @@ echo "optimize rc $rc ($([ $rc = 124 ] && echo 'stopped at the slice; resume nex
 run=$(ls -d "$RUNS"/*/ | head -1)
 tar czf "$OUT/run.tgz" -C "$RUNS" .
 if [ $rc = 0 ] && [ -f "$run/best_config.toml" ] && [ "${VS:-1}" = 1 ]; then
-    timeout 200 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" > "$OUT/bench_vs.log" 2>&1
+    timeout 400 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" > "$OUT/bench_vs.log" 2>&1
     tail -3 "$OUT/bench_vs.log"; grep -v '^$' "$run/report.md" | head -40
 fi
