@@ -24,6 +24,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; SLICE=${SLICE:-540}
 cpus=$(nproc); half=$((cpus / 2))
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/sg-opt-cache}  # the runs' build cache, for the re-measurements too
 lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
     mkdir -p "$OUT/$1"
     if [ -n "$6" ]; then  # a command for this lane's GPU and CPUs first (its output in $OUT/NAME/pre)

@@ -183,7 +183,8 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
     with console.status("calibrating the noise floor (A/A), then measuring side by side ..."):
         try:
             result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
-                                    blocks, block_steps, timeout, floor, block_seconds)
+                                    blocks, block_steps, timeout, floor, block_seconds,
+                                    progress=lambda line: err_console.print(line, soft_wrap=True, highlight=False))
         except RuntimeError as exc:  # the incumbent itself failed during calibration
             fail(str(exc), code=1)
     if as_json:

@@ -6,23 +6,48 @@ the result names which side is which and the ratio's direction, so it can never 
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab, steadier_of_two
+from validators.speedup import (ABResult, NoiseFloor, block_spread, calibrate_noise_floor, measure_ab,
+                               steadier_of_two)
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
-            floor: float | None, block_seconds: float = 0.0) -> tuple[ABResult, NoiseFloor | float]:
+            floor: float | None, block_seconds: float = 0.0,
+            progress: Callable[[str], None] = lambda line: None) -> tuple[ABResult, NoiseFloor | float]:
     """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it, in blocks of
     at least ``block_steps`` steps and ``block_seconds``; a disturbed measurement is repeated once and the
-    steadier run quoted, as the agent's final measurement is (its ``note`` says so)."""
+    steadier run quoted, as the agent's final measurement is (its ``note`` says so). ``progress`` gets a
+    line as each measurement ends, so a run stopped from outside still shows how far it got."""
+    aa_runs: list[ABResult] = []
+
+    def calibrated(run: ABResult) -> None:
+        aa_runs.append(run)
+        progress(f"A/A run {len(aa_runs)} of the incumbent: {measured(run)}")
+
+    def timed(repeat: int) -> ABResult:
+        result = measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise, seed=repeat,
+                            block_seconds=block_seconds)
+        progress(f"{'repeated ' if repeat else ''}candidate against incumbent: {measured(result)}")
+        return result
+
     noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
-        incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds)
-    result, _ = steadier_of_two(lambda repeat: measure_ab(incumbent, candidate, blocks, block_steps, timeout_s,
-                                                          floor=noise, seed=repeat, block_seconds=block_seconds))
+        incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds, on_run=calibrated)
+    result, _ = steadier_of_two(timed)
     return result, noise
+
+
+def measured(result: ABResult) -> str:
+    """One measurement in a line: its ratio and interval (or failure), its wall time and the workers' start-up."""
+    ready = max((s.ready_s for s in (result.a, result.b) if s.ready_s is not None), default=None)
+    head = (f"failed ({result.failure.kind}): {result.failure.message}" if result.failure is not None
+            else f"ratio {result.ratio:.4f} ({result.ci_low:.4f}-{result.ci_high:.4f}), block spread "
+                 f"{block_spread(result):.0%}")
+    return head + f"; {result.wall_s:.0f} s" + (f", the workers ready after {ready:.0f} s" if ready is not None else "")
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:

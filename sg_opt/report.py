@@ -80,7 +80,11 @@ def time_line(s: Summary) -> str:
         rest = s.wall_s - sum(seconds for _, seconds in parts)
         line += ": " + ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in parts)
         line += f", other {rest / 60:.1f}" if rest >= 0.05 * 60 else ""
-    return line + "."
+    line += "."
+    if (w := s.worker_startup) is not None:
+        line += (f" A timing worker got ready in {w.start_s + w.build_s + w.warmup_s:.1f} s (medians of {w.workers}): "
+                 f"start and imports {w.start_s:.1f}, build {w.build_s:.1f}, warm-up {w.warmup_s:.1f}.")
+    return line
 
 
 def floor_text(s: Summary) -> str:

@@ -72,6 +72,16 @@ class StepTime(BaseModel):
     source: str = Field(description="the file the block medians come from")
 
 
+class WorkerStartup(BaseModel):
+    """How long the run's timing workers took to get ready, medians over every one that reported its stamps:
+    what each side-by-side measurement pays before its first timed block."""
+
+    workers: int
+    start_s: float = Field(description="interpreter start and imports")
+    build_s: float = Field(description="building the session (model, data, kernels)")
+    warmup_s: float = Field(description="the warm-up steps")
+
+
 class NumericsVerdict(BaseModel):
     numerics_class: str = Field(description="the loosest class allowed for the best configuration")
     detail: str
@@ -155,6 +165,8 @@ class Summary(BaseModel):
     cost_per_win_usd: float | None = None
     wall_s: float
     node_s: dict[str, float] = Field(default_factory=dict, description="wall_s by node of the agent's graph")
+    worker_startup: WorkerStartup | None = Field(None, description="the timing workers' start-up (None: no "
+                                                 "measurement recorded one)")
     environment: dict[str, Any] = Field(default_factory=dict)
     gpus: int = Field(1, description="GPUs of the run (--gpus): gpus / ranks candidates were evaluated at once")
     lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
@@ -311,6 +323,31 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
     return rows
 
 
+def _startups(found: Any) -> list[dict[str, float]]:
+    """Every side's ``startup`` split in a measurement file's JSON (an A/B, an A/A calibration, a final A/B)."""
+    if isinstance(found, list):
+        return [x for item in found for x in _startups(item)]
+    if not isinstance(found, dict):
+        return []
+    here = [found["startup"]] if isinstance(found.get("startup"), dict) else []
+    return here + [x for key, value in found.items() if key != "startup" for x in _startups(value)]
+
+
+def _worker_startup(run_dir: Path) -> WorkerStartup | None:
+    splits = []
+    for path in sorted(run_dir.rglob("*.json")):
+        try:
+            splits += _startups(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue  # a file torn by a kill
+    splits = [x for x in splits if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))]
+    if not splits:
+        return None
+    median = lambda key: float(np.median([x[key] for x in splits]))  # noqa: E731
+    return WorkerStartup(workers=len(splits), start_s=median("start"), build_s=median("build"),
+                         warmup_s=median("warmup"))
+
+
 def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:
     with_fine = [(label, result.fine) for label, _, result in profiles if result.fine is not None]
     if not with_fine:
@@ -350,6 +387,6 @@ def build_summary(state: RunState) -> Summary:
                    candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
                    roofline=_roofline(profiles), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
-                   node_s=state.node_s,
+                   node_s=state.node_s, worker_startup=_worker_startup(run_dir),
                    environment=baseline.environment if baseline else {}, gpus=state.gpus,
                    lanes_note=state.plan.lanes_note, notes=notes)

@@ -1,6 +1,7 @@
 """The CLI as a user meets it: tables, JSON, and one-sentence errors with exit code 2."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -128,6 +129,9 @@ def test_bench_vs_names_sides_interval_and_verdict(tmp_path):
     assert payload["block_seconds"] == 0.3  # blocks as long as the agent's
     # fused row-wise updates remove tiny's dense table gradient: about 5x, far beyond the 0.5 floor
     assert payload["ci_low"] <= payload["ratio"] <= payload["ci_high"] and payload["verdict"] == "faster"
+    # each measurement says it ended as it ends, on stderr (a bench stopped from outside shows how far it got)
+    assert re.search(r"candidate against incumbent: ratio 0\.\d{4} \(0\.\d{4}-\d\.\d{4}\), block spread \d+%; "
+                     r"\d+ s, the workers ready after \d+ s", result.stderr), result.stderr
 
 
 def test_bench_vs_odd_blocks_is_a_usage_error(tmp_path):

@@ -70,6 +70,7 @@ class _Worker:
         self.label = label
         request.write_text(spec.model_dump_json())
         self.stderr = open(request.with_suffix(".stderr"), "w+b")
+        self.spawned = time.time()  # wall clock, to split the start-up with the worker's own stamps
         launcher = torchrun(spec.ranks) if spec.ranks > 1 else []  # every rank shares the pipes
         with _inherited_affinity(cpus):
             self.proc = subprocess.Popen([sys.executable, *launcher, "-m", "validators.ab_worker",
@@ -173,6 +174,16 @@ class ABRunner:
             self.__exit__(type(exc), exc, None)
             raise
         return self
+
+    def startup(self, side: Side) -> dict[str, float] | None:
+        """Where a side's start-up went, in seconds: the interpreter and imports ("start": from the spawn until
+        the worker began serving), building the session ("build") and its warm-up steps ("warmup"); None
+        from a worker that sends no stamps (an older code tree's)."""
+        stamps = self.ready.get(side, {}).get("stamps")
+        if not stamps:
+            return None
+        return {"start": stamps["serving"] - self.workers[side].spawned, "build": stamps["built"] - stamps["serving"],
+                "warmup": stamps["warm"] - stamps["built"]}
 
     def run(self, side: Side, steps: int) -> list[float]:
         """One block of ``steps`` steps on one side; its per-step seconds."""

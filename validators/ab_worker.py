@@ -7,7 +7,9 @@ blocks is what makes the interleaving possible; the measurement loop lives here,
 candidate's code.
 
 Protocol, one JSON object per line. After the session is built and warmed up the worker prints
-``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...]}``. It then reads commands
+``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...], "stamps": {...}}``
+(``stamps``: wall-clock seconds when serving began, after the imports, when the session was built and when
+it was warm, so the parent can split its start-up). It then reads commands
 on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool}`` (per-step seconds from CUDA events on a GPU, perf_counter
 on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
@@ -28,6 +30,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import IO, Any
@@ -107,17 +110,21 @@ def next_command(commands: IO[str]) -> dict[str, Any] | None:
 
 def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     """Build, warm up, announce readiness, then answer commands until quit or end of input."""
+    stamps = {"serving": time.time()}
     job = join_job(req) if req.ranks > 1 else None
     session, device, config = build_session(req, job)
+    sync_device(device)
+    stamps["built"] = time.time()
     ranks = Ranks(job) if job is not None else None
     lead = ranks is None or ranks.lead
     for _ in range(req.warmup):
         session.step()
     sync_device(device)
+    stamps["warm"] = time.time()
     cpus = allowed_cpus()
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
-                    "cpus": cpus})
+                    "cpus": cpus, "stamps": stamps})
     while True:
         command = next_command(commands) if lead else None
         if ranks is not None:

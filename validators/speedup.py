@@ -186,6 +186,9 @@ class SideSummary(BaseModel):
     root: str | None = Field(None, description="the code tree the worker ran in (None: the caller's)")
     ready_s: float | None = Field(None, description="seconds from the start of the measurement's workers to this "
                                                     "one's ready line (started, built, warmed up)")
+    startup: dict[str, float] | None = Field(None, description="this worker's own start-up, in seconds: "
+                                             "interpreter and imports (start), session build (build), warm-up "
+                                             "steps (warmup); ABRunner.startup")
 
 
 class ABResult(BaseModel):
@@ -299,7 +302,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 times[side].append(runner.run(side, side_steps[side]))
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
-                sides[s].ready_s = runner.ready_s[s]
+                sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure,
                         wall_s=time.monotonic() - start, **common)
@@ -316,13 +319,16 @@ class CalibrationFailed(RuntimeError):
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                           repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
                           cpus: Sequence[int] | None = None, root: str | None = None,
-                          block_seconds: float = 0.0) -> NoiseFloor:
+                          block_seconds: float = 0.0,
+                          on_run: Callable[[ABResult], None] | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
-    floor from the worst run."""
+    floor from the worst run; ``on_run`` sees each run as it ends (progress)."""
     runs = []
     for r in range(repeats):
         run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
                          resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root), block_seconds=block_seconds)
+        if on_run is not None:
+            on_run(run)
         if run.failure is not None:
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
         runs.append(run)

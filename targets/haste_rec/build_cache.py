@@ -52,8 +52,11 @@ def _read(path: Path) -> Any | None:
 
 
 def _write(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    except OSError:  # no cache folder can be made or written here: every build computes its own
+        return
     try:
         with os.fdopen(fd, "wb") as out:
             torch.save(value, out)

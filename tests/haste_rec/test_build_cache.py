@@ -53,3 +53,12 @@ def test_code_edits_change_the_key(tmp_path, monkeypatch):
     before = build_cache.source_digest([fake])
     module.write_text("x = 2\n")
     assert build_cache.source_digest([fake]) != before
+
+
+def test_a_cache_folder_that_cannot_be_made_costs_the_cache_not_the_build(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"  # a file where the cache folder would go: no folder below it (root or not)
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    reference = _layout()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert all(torch.equal(a, b) for a, b in zip(reference, _layout()))

@@ -67,6 +67,11 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     assert len(md) < 65_536  # a GitHub pull-request comment
     assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
     assert re.search(r"Wall time [0-9.]+ min: baseline [0-9.]+, .*timing [0-9.]+", md)
+    # every timing worker of the run split its start-up: two in each of the A/A runs, the win's and the final A/B
+    w = s["worker_startup"]
+    assert w["workers"] >= 2 * 4 and w["start_s"] > 0 and w["build_s"] > 0 and w["warmup_s"] >= 0
+    assert re.search(rf"A timing worker got ready in [0-9.]+ s \(medians of {w['workers']}\): start and imports "
+                     r"[0-9.]+, build [0-9.]+, warm-up [0-9.]+\.", md)
     assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
     assert re.search(r"Host side \(after #\d+, per step: ms of host work not waiting on the device / host operator "
                      r"calls\): data \d+\.\d\d / \d+,", md)

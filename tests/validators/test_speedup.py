@@ -144,9 +144,11 @@ def scripted(monkeypatch, *results: ABResult) -> list[tuple]:
 def test_calibration_takes_the_worst_aa_run(monkeypatch):
     calls = scripted(monkeypatch, result_for(INCUMBENT, INCUMBENT, "no-difference", 1.01, (0.99, 1.03)),
                      result_for(INCUMBENT, INCUMBENT, "no-difference", 0.97, (0.95, 1.01)))
-    floor = calibrate_noise_floor(INCUMBENT, 4, 5, 60, repeats=2)
+    seen = []
+    floor = calibrate_noise_floor(INCUMBENT, 4, 5, 60, repeats=2, on_run=seen.append)
     assert floor.floor == pytest.approx(0.03 + 0.03) and len(floor.runs) == 2
     assert calls == [(INCUMBENT, INCUMBENT)] * 2
+    assert [r.ratio for r in seen] == [1.01, 0.97]  # each run as it ended (bench --vs prints them)
 
 
 def test_calibration_refuses_a_failed_aa_run(monkeypatch):
@@ -363,6 +365,9 @@ def test_real_blocks_last_at_least_block_seconds():
         assert 2 < steps <= 2 * MAX_STEP_FACTOR
         assert steps == 2 * MAX_STEP_FACTOR or steps * per_step > 0.4 * 0.004, (steps, per_step)
         assert 0 < getattr(result, side).ready_s < result.wall_s  # how long the side took to start and warm up
+        startup = getattr(result, side).startup  # the worker's own split of it (on a CPU, a builds after b waits)
+        assert set(startup) == {"start", "build", "warmup"} and all(t >= 0 for t in startup.values())
+        assert startup["start"] > 0 and sum(startup.values()) <= getattr(result, side).ready_s + 0.05
 
 
 def test_sides_build_at_once_only_on_a_gpu():
