@@ -23,6 +23,16 @@ graphs measured 0.959 (interval 0.854-1.048) against a 14 ms incumbent that late
 sweep leaves out the values the incumbent went past: one an accepted change moved a knob away from (it
 measured slower right there), and one a rule would only propose from behind (from the fused Triton tail,
 neither the slots nor the unfused Triton tail). No configuration is proposed twice.
+
+Host and device together: a GPU step builds batches and launches kernels on the host while the device
+runs the kernels queued before, so it takes the longer of the two. When they are about as long, a change
+that shortens only one side shows little alone. After a host-side change (a data or compile knob) and a
+device-side one each measured no-difference while leaning faster, the two are proposed as one candidate,
+expected to gain the product of their speedups. At `large` on an H200 (2026-11-30, the incumbent at 13 ms
+with 13.6 ms of host work in a 15.3 ms profiled step and 8.7 ms of tail on the device) 3xTF32 leaned 0.933
+and two loader workers 0.968; before the step lost a device sync (about 25 ms, device-bound) each had been
+a win alone (0.68-0.78 and 0.73-0.77), and runs holding both reached 8.8-10.3 ms. Such a pair's rejection
+does not rule out its parts.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ from targets.protocol import ConfigError, Knob, KnobSpace
 GENERIC_PLAUSIBILITY = 0.15
 NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
+HOST_SIDE = ("data", "compile")  # knob categories that shorten a GPU step's host side (batches, launches)
+HOST_AND_DEVICE = "offline:host-and-device"  # the proposer of a leaning host change joined to a leaning device one
 
 
 @dataclass(frozen=True)
@@ -172,11 +184,13 @@ def _retryable(state: RunState) -> dict[Pairs, tuple[Evaluated, float]]:
             and now >= RETRY_AFTER * speedups[e.incumbent_id]}
 
 
-def _tried(state: RunState, space: KnobSpace, again: Mapping[Pairs, Any]) -> tuple[list[Pairs], list[dict[str, Any]]]:
-    """The rejected candidates' patches as (knob, value) pairs (less those in ``again``, to try once more),
-    and the resolved configs of every knob-only candidate (a config that does not resolve, e.g. an LLM's
-    unknown knob rejected at check, is skipped)."""
-    rejected = [_pairs(e.candidate.patch) for e in state.history
+def _tried(state: RunState, space: KnobSpace,
+           again: Mapping[Pairs, Any]) -> tuple[list[tuple[Pairs, bool]], list[dict[str, Any]]]:
+    """The rejected candidates' patches as (knob, value) pairs (less those in ``again``, to try once more), each
+    with whether it rules out its parts too (a host-and-device pair does not), and the resolved configs of every
+    knob-only candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is
+    skipped)."""
+    rejected = [(_pairs(e.candidate.patch), e.candidate.proposer != HOST_AND_DEVICE) for e in state.history
                 if not e.verdict.accepted and e.candidate.patch and _pairs(e.candidate.patch) not in again]
     seen = []
     for e in state.history:
@@ -245,6 +259,40 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
                        rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
 
 
+def _side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
+    """"host" or "device": the side of a GPU step every knob of ``patch`` shortens (None: mixed or unknown)."""
+    names = {k.name for k in space}
+    sides = {"host" if space[k].category in HOST_SIDE else "device" for k in patch if k in names}
+    return sides.pop() if len(sides) == 1 and set(patch) <= names else None
+
+
+def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
+    """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only): a knob patch whose
+    last timing said no-difference with a ratio below 1."""
+    if state.device.split(":")[0] != "cuda":
+        return
+    last: dict[Pairs, Evaluated] = {}
+    for e in state.history:
+        if e.candidate.patch and not e.candidate.kernels and e.candidate.proposer != HOST_AND_DEVICE:
+            last[_pairs(e.candidate.patch)] = e
+    leaning = [e for e in last.values() if not e.verdict.accepted and e.verdict.stage == "measure"
+               and e.verdict.ratio is not None and e.verdict.ratio < 1.0]
+    for host in (e for e in leaning if _side(space, e.candidate.patch) == "host"):
+        for device in (e for e in leaning if _side(space, e.candidate.patch) == "device"):
+            h, d = host.candidate, device.candidate
+            yield Proposal(kind="knob", patch={**h.patch, **d.patch}, proposer=HOST_AND_DEVICE,
+                           expected_gain=1.0 / (host.verdict.ratio * device.verdict.ratio),
+                           rationale=f"#{h.id} ({_patch_text(h.patch)}, host side) leaned {host.verdict.ratio:.3f} and "
+                                     f"#{d.id} ({_patch_text(d.patch)}, device side) {device.verdict.ratio:.3f}, "
+                                     f"neither proven alone: a GPU step takes the longer of its host and device "
+                                     f"work, so shortening one side shows little while the other is as long; "
+                                     f"both at once")
+
+
+def _patch_text(patch: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in patch.items())
+
+
 def _values(knob: Knob) -> tuple[Any, ...]:
     if knob.kind == "bool":
         return (True, False)
@@ -285,13 +333,14 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
     rejected, seen = _tried(state, space, again)
     current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
-                    + list(_generic_proposals(state, space, state.findings)),
+                    + list(_generic_proposals(state, space, state.findings))
+                    + list(_host_and_device_proposals(state, space)),
                     key=lambda p: -(p.expected_gain or 0.0))  # stable: catalog order breaks ties
     chosen: list[Proposal] = []
     for proposal in ranked:
         config = {**state.incumbent.config, **proposal.patch}
         if (not _applicable(space, state, current, proposal.patch)
-                or any(_pairs(proposal.patch) <= r for r in rejected)
+                or any(_pairs(proposal.patch) <= r if parts else _pairs(proposal.patch) == r for r, parts in rejected)
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue

@@ -14,7 +14,8 @@ def finding(category: str, share: float, gain: float) -> Finding:
 
 def candidate(cid=1, **kw) -> Candidate:
     kw.setdefault("kind", "knob")
-    return Candidate(id=cid, rationale="test", proposer="test", **kw)
+    kw.setdefault("proposer", "test")
+    return Candidate(id=cid, rationale="test", **kw)
 
 
 def checked(state, ctx, cand):

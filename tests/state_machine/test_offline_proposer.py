@@ -295,3 +295,45 @@ def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_
     assert all(p.patch != {"dense_cuda_graph": True}
                for p in propose_offline(replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, slower),
                                         ctx, limit=200))
+
+
+S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h200x2-large-aa40/) to its last win
+    (1, {"embedding_grad_mode": "fused"}, True, 0.614), (2, {"tail_backend": "triton-fused-loss"}, True, 0.205),
+    (3, {"tail_fp32_dot": "tf32x3"}, False, 0.933), (4, {"tail_fp32_dot": "tf32"}, False, 0.955),
+    (5, {"precision": "bf16-autocast"}, False), (6, {"matmul_precision": "high"}, False),
+    (7, {"data_workers": 2}, False, 0.968), (8, {"pack_batches": True}, True, 0.895)]
+
+
+def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(state, ctx):
+    """Replayed on the real profile of the session-12 `large` run after its last win (#8, packed batches: 7.4 ms
+    of host data work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers
+    (0.968) each leaned faster alone, and come back as one candidate, right after the last data rule; sessions
+    8-10 accepted both, one by one, when the step was still device-bound."""
+    at = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    assert [p.proposer for p in proposals[:3]] == ["offline:loader-workers-4", "offline:host-and-device",
+                                                   "offline:host-and-device"]
+    pair = proposals[1]
+    assert pair.patch == {"data_workers": 2, "tail_fp32_dot": "tf32x3"}
+    assert pair.expected_gain == pytest.approx(1 / (0.933 * 0.968))
+    assert pair.rationale.startswith("#7 (data_workers=2, host side) leaned 0.968 and #3 (tail_fp32_dot=tf32x3, "
+                                     "device side) 0.933")
+    assert proposals[2].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
+    # rejected together: not again, but the next pair still comes, and the pair kept its parts' retries
+    tried = at.model_copy(update={"history": at.history + [Evaluated(
+        candidate=candidate(9, patch=pair.patch, proposer="offline:host-and-device"), incumbent_id=8,
+        config={**at.incumbent.config, **pair.patch},
+        verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.95))]})
+    after = propose_offline(tried, ctx, limit=200)
+    assert pair.patch not in [p.patch for p in after]
+    assert {"data_workers": 2, "tail_fp32_dot": "tf32"} in [p.patch for p in after]
+    faster = tried.model_copy(update={"incumbent": tried.incumbent.model_copy(update={"est_speedup": 20.0})})
+    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in propose_offline(faster, ctx, limit=200)
+                                           if p.rationale.startswith("tried again")]
+    # a leaning change that slowed down once more is no longer leaning; on a CPU host and device are one
+    slower = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY + [
+        (9, {"data_workers": 2}, False, 1.02)])
+    assert all(p.proposer != "offline:host-and-device" or "data_workers" not in p.patch
+               for p in propose_offline(slower, ctx, limit=200))
+    assert all(p.proposer != "offline:host-and-device"
+               for p in propose_offline(at.model_copy(update={"device": "cpu"}), ctx, limit=200))
