@@ -19,6 +19,8 @@
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
+# BENCH_LIMIT (seconds, default 400) bounds each re-measurement: keep it inside what is left of the call's limit
+# (each one prints its measurements as they end, so one stopped early still shows how far it got).
 # Usage: OUT=/dir SLICE=540 A="SIZE=large MINUTES=16" \
 #        B="SIZE=large-cached CONFIG=examples/haste_rec_large_cached.toml MINUTES=16" bash benchmarks/h200_pair.sh
 set -uo pipefail
@@ -49,7 +51,7 @@ for name in a b; do
         args=(--target haste-rec --size "$size" --device "$device"); [ -n "$config" ] && args+=(--config "$config")
         gpu=$([ "$name" = a ] && echo 0 || echo 1); first=$([ "$name" = a ] && echo 0 || echo "$half")
         CUDA_VISIBLE_DEVICES=$gpu taskset -c "$first-$((first + half - 1))" \
-            timeout 400 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
+            timeout "${BENCH_LIMIT:-400}" python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" \
             > "$OUT/$name/bench_vs.log" 2>&1
         tail -3 "$OUT/$name/bench_vs.log"; grep -v '^$' "$run/report.md" | head -12
     fi

@@ -7,6 +7,7 @@
 # and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
+# BENCH_LIMIT (seconds, default 400) bounds the re-measurement.
 # VS=0 leaves the re-measurement out (benchmarks/h200_pair.sh runs it after both of its runs have finished).
 # SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
 # there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).
@@ -39,6 +40,6 @@ echo "optimize rc $rc ($([ $rc = 124 ] && echo 'stopped at the slice; resume nex
 run=$(ls -d "$RUNS"/*/ | head -1)
 tar czf "$OUT/run.tgz" -C "$RUNS" .
 if [ $rc = 0 ] && [ -f "$run/best_config.toml" ] && [ "${VS:-1}" = 1 ]; then
-    timeout 400 python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" > "$OUT/bench_vs.log" 2>&1
+    timeout "${BENCH_LIMIT:-400}" python3 -m sg_opt.cli bench "${args[@]}" --vs "$run/best_config.toml" > "$OUT/bench_vs.log" 2>&1
     tail -3 "$OUT/bench_vs.log"; grep -v '^$' "$run/report.md" | head -40
 fi
