@@ -6,6 +6,7 @@ the result names which side is which and the ratio's direction, so it can never 
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 from rich.console import Console
@@ -23,11 +24,10 @@ def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, blo
     at least ``block_steps`` steps and ``block_seconds``; a disturbed measurement is repeated once and the
     steadier run quoted, as the agent's final measurement is (its ``note`` says so). ``progress`` gets a
     line as each measurement ends, so a run stopped from outside still shows how far it got."""
-    aa_runs: list[ABResult] = []
-
-    def calibrated(run: ABResult) -> None:
-        aa_runs.append(run)
-        progress(f"A/A run {len(aa_runs)} of the incumbent: {measured(run)}")
+    aa_run = itertools.count(1)
+    noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
+        incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds,
+        on_run=lambda run: progress(f"A/A run {next(aa_run)} of the incumbent: {measured(run)}"))
 
     def timed(repeat: int) -> ABResult:
         result = measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise, seed=repeat,
@@ -35,8 +35,6 @@ def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, blo
         progress(f"{'repeated ' if repeat else ''}candidate against incumbent: {measured(result)}")
         return result
 
-    noise: NoiseFloor | float = floor if floor is not None else calibrate_noise_floor(
-        incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds, on_run=calibrated)
     result, _ = steadier_of_two(timed)
     return result, noise
 

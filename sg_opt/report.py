@@ -82,7 +82,7 @@ def time_line(s: Summary) -> str:
         line += f", other {rest / 60:.1f}" if rest >= 0.05 * 60 else ""
     line += "."
     if (w := s.worker_startup) is not None:
-        line += (f" A timing worker got ready in {w.start_s + w.build_s + w.warmup_s:.1f} s (medians of {w.workers}): "
+        line += (f" A timing worker got ready in {w.ready_s:.1f} s (medians of {w.workers}): "
                  f"start and imports {w.start_s:.1f}, build {w.build_s:.1f}, warm-up {w.warmup_s:.1f}.")
     return line
 

@@ -77,6 +77,7 @@ class WorkerStartup(BaseModel):
     what each side-by-side measurement pays before its first timed block."""
 
     workers: int
+    ready_s: float = Field(description="the whole start-up (start + build + warm-up of one worker)")
     start_s: float = Field(description="interpreter start and imports")
     build_s: float = Field(description="building the session (model, data, kernels)")
     warmup_s: float = Field(description="the warm-up steps")
@@ -323,6 +324,11 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
     return rows
 
 
+# The files that hold a run's side-by-side measurements (A/A calibrations, candidates, the final A/B).
+MEASUREMENT_FILES = ("baseline/calibration.json", "candidates/*/calibration.json", "candidates/*/ab.json",
+                     "final_ab*.json")
+
+
 def _startups(found: Any) -> list[dict[str, float]]:
     """Every side's ``startup`` split in a measurement file's JSON (an A/B, an A/A calibration, a final A/B)."""
     if isinstance(found, list):
@@ -334,18 +340,23 @@ def _startups(found: Any) -> list[dict[str, float]]:
 
 
 def _worker_startup(run_dir: Path) -> WorkerStartup | None:
-    splits = []
-    for path in sorted(run_dir.rglob("*.json")):
-        try:
-            splits += _startups(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
-            continue  # a file torn by a kill
-    splits = [x for x in splits if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))]
+    """Medians over every timing worker of the run. The quoted final A/B is a copy of one of the runs kept beside
+    it, so each worker's split (three wall-clock differences) is counted once."""
+    splits: dict[tuple[float, float, float], None] = {}
+    for pattern in MEASUREMENT_FILES:
+        for path in sorted(run_dir.glob(pattern)):
+            try:
+                found = _startups(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, json.JSONDecodeError):
+                continue  # a file torn by a kill
+            splits.update({(x["start"], x["build"], x["warmup"]): None for x in found
+                           if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))})
     if not splits:
         return None
-    median = lambda key: float(np.median([x[key] for x in splits]))  # noqa: E731
-    return WorkerStartup(workers=len(splits), start_s=median("start"), build_s=median("build"),
-                         warmup_s=median("warmup"))
+    start, build, warmup = (np.array(column) for column in zip(*splits))
+    return WorkerStartup(workers=len(splits), ready_s=float(np.median(start + build + warmup)),
+                         start_s=float(np.median(start)), build_s=float(np.median(build)),
+                         warmup_s=float(np.median(warmup)))
 
 
 def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:

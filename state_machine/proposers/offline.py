@@ -202,6 +202,12 @@ def _tried(state: RunState, space: KnobSpace,
     return rejected, seen
 
 
+def _ruled_out(pairs: Pairs, rejected: list[tuple[Pairs, bool]]) -> bool:
+    """Whether a rejection rules these (knob, value) pairs out: the same change, or a part of a rejected change
+    that rules out its parts (see ``_tried``)."""
+    return any(pairs == r or (parts and pairs <= r) for r, parts in rejected)
+
+
 def _went_past(state: RunState, space: KnobSpace) -> set[tuple[str, str]]:
     """(knob, value) pairs that an accepted knob change moved the incumbent away from."""
     configs = {e.candidate.id: e.config for e in state.history}
@@ -261,9 +267,10 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
 
 def _side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
     """"host" or "device": the side of a GPU step every knob of ``patch`` shortens (None: mixed or unknown)."""
-    names = {k.name for k in space}
-    sides = {"host" if space[k].category in HOST_SIDE else "device" for k in patch if k in names}
-    return sides.pop() if len(sides) == 1 and set(patch) <= names else None
+    if not set(patch) <= {k.name for k in space}:
+        return None
+    sides = {"host" if space[k].category in HOST_SIDE else "device" for k in patch}
+    return sides.pop() if len(sides) == 1 else None
 
 
 def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
@@ -340,7 +347,7 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
     for proposal in ranked:
         config = {**state.incumbent.config, **proposal.patch}
         if (not _applicable(space, state, current, proposal.patch)
-                or any(_pairs(proposal.patch) <= r if parts else _pairs(proposal.patch) == r for r, parts in rejected)
+                or _ruled_out(_pairs(proposal.patch), rejected)
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue

@@ -201,3 +201,21 @@ def test_the_host_line_names_the_ops_the_host_waited_on():
     line = host_line(SimpleNamespace(phases=[last]))
     assert line.endswith("The host waited on the device in backward 1.50 ms (aten::_unique2, cudaStreamSynchronize).")
     assert host_line(SimpleNamespace(phases=[last.model_copy(update={"host_waits": []})])).endswith("ms step.")
+
+
+def test_worker_startup_counts_each_worker_once(tmp_path):
+    """The quoted final A/B is a copy of one of the two kept beside it: its workers are not counted twice."""
+    from sg_opt.summary import _worker_startup
+
+    def result(*splits):
+        return {"a": {"startup": splits[0]}, "b": {"startup": splits[1]}}
+    one, two = {"start": 1.0, "build": 2.0, "warmup": 0.5}, {"start": 1.2, "build": 2.4, "warmup": 0.4}
+    three, four = {"start": 1.1, "build": 8.0, "warmup": 0.5}, {"start": 1.3, "build": 2.2, "warmup": 0.6}
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline" / "calibration.json").write_text(json.dumps({"runs": [result(one, two)]}))
+    (tmp_path / "final_ab_disturbed.json").write_text(json.dumps(result(three, four)))
+    (tmp_path / "final_ab.json").write_text(json.dumps(result(three, four)))  # the quoted copy
+    (tmp_path / "profile.json").write_text(json.dumps({"startup": {"start": 99.0, "build": 0.0, "warmup": 0.0}}))
+    w = _worker_startup(tmp_path)
+    assert w.workers == 4 and w.start_s == pytest.approx(1.15) and w.build_s == pytest.approx(2.3)
+    assert w.ready_s == pytest.approx((4.0 + 4.1) / 2)  # the median of the totals 3.5, 4.0, 9.6, 4.1

@@ -186,8 +186,10 @@ def timed(a: WorkerRequest, b: WorkerRequest, a_medians, b_medians, floor: float
 def test_pooled_judges_the_block_pairs_of_both_measurements():
     first = timed(INCUMBENT, CANDIDATE, [10.0, 11.0, 10.0, 14.0], [9.0, 10.5, 9.2, 15.0])
     more = timed(INCUMBENT, CANDIDATE, [10.0, 10.2, 10.1, 10.0], [9.3, 9.4, 9.3, 9.2])
+    first.a.ready_s, first.a.startup = 13.3, {"start": 4.0, "build": 6.0, "warmup": 3.3}
     both = speedup.pooled([first, more])
     assert both.pools == 2 and both.blocks == 8 and len(both.order) == 16
+    assert both.a.ready_s is None and both.a.startup is None  # two pairs of workers: each measurement keeps its own
     assert both.a.block_medians == first.a.block_medians + more.a.block_medians
     expected = analyse([[m] for m in both.a.block_medians], [[m] for m in both.b.block_medians], 0.01)
     assert (both.ratio, both.ci_low, both.ci_high, both.verdict) == (
