@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 
 import torch
 
+from targets.digest import sequence_digest  # noqa: F401  (the digest a Session's param_digest returns)
+
 NumericsClass = Literal["exact", "reorder", "precision", "model"]
 Category = Literal["precision", "kernel", "embedding", "data", "compile", "memory", "model"]
 KnobKind = Literal["choice", "bool", "int", "float"]
@@ -335,40 +337,3 @@ class PhaseTimer:
         """Return the accumulated seconds per phase and start afresh."""
         totals, self.totals = self.totals, {}
         return totals
-
-
-DIGEST_CHUNK_BYTES = 64 << 20
-
-
-def _chunk_digest(host_bytes: torch.Tensor) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(memoryview(host_bytes.numpy())).digest()
-
-
-def sequence_digest(tensors: Sequence[torch.Tensor]) -> str:
-    """A sha256 tree over the raw bytes of tensors, in order: dtype, shape and the sha256 of each
-    64 MB chunk feed one outer sha256.
-
-    Any changed bit changes it, as a flat sha256 would; the chunks are copied off the device one at
-    a time and hashed in parallel threads (hashlib releases the GIL), so 13 GB of embedding tables
-    take seconds rather than the half minute a flat hash of one host copy took.
-    """
-    import hashlib
-    from concurrent.futures import ThreadPoolExecutor
-
-    digest, workers = hashlib.sha256(), max(1, min(16, len(os.sched_getaffinity(0))))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for tensor in tensors:
-            t = tensor.detach().contiguous()
-            digest.update(str(t.dtype).encode())
-            digest.update(str(tuple(t.shape)).encode())
-            flat = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
-            pending: list = []
-            for i in range(0, flat.numel(), DIGEST_CHUNK_BYTES):
-                if len(pending) >= 2 * workers:  # bound the host copies in flight
-                    digest.update(pending.pop(0).result())
-                pending.append(pool.submit(_chunk_digest, flat[i:i + DIGEST_CHUNK_BYTES].to("cpu")))
-            for chunk in pending:
-                digest.update(chunk.result())
-    return digest.hexdigest()
