@@ -221,7 +221,20 @@ def floor_lines(s: Summary) -> list[str]:
                  f"{over_floor_text(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
         lines.append(f"| {name} | {last.floor_bound.get(name, '-')} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {p.label}: {p.floor_note}." for p in cols if p.floor_note]
+    if (final := final_over_floor(s)) is not None:
+        lines.append(f"- {final}.")
     return lines
+
+
+def final_over_floor(s: Summary) -> str | None:
+    """The best configuration's step from the final side-by-side measurement (no profiler running) over the
+    last profile's floor: the same floor, the step measured the careful way."""
+    cols = floor_columns(s)
+    if not cols or s.best_step is None or not cols[-1].floor_step_ms or s.accepted == 0:
+        return None
+    floor_ms = cols[-1].floor_step_ms
+    return (f"the best configuration's step in the final side-by-side measurement, {s.best_step.ms:.2f} ms, is "
+            f"x{s.best_step.ms / floor_ms:.1f} the floor ({floor_ms:.3f} ms)")
 
 
 def report_markdown(s: Summary) -> str:

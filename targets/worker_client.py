@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Callable, TypeVar
 
 from pydantic import BaseModel
 
+from targets.fork_server import start_python
 from targets.worker_protocol import Failure, RunResult, WorkerRequest, WorkerResult
 
 
@@ -159,13 +159,11 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
         request_file, result_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
         stderr_file = Path(tmp) / "stderr.txt"
         request_file.write_text(request.model_dump_json())
-        cmd = [sys.executable, *(launcher or []), "-m", module, "--request", str(request_file),
-               "--result", str(result_file)]
         spawned = time.monotonic()
         with open(stderr_file, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=scrubbed_env({**device_env(request), **(env or {})}, cwd), cwd=cwd,
-                                    start_new_session=True)
+            proc = start_python(module, ["--request", str(request_file), "--result", str(result_file)],
+                                scrubbed_env({**device_env(request), **(env or {})}, cwd), cwd=cwd, stderr=err,
+                                launcher=launcher or ())
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

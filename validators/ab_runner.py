@@ -8,18 +8,17 @@ everything below them on exit. On a GPU both sides build at once; on a CPU one a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence, get_args
+from typing import Any, Literal, Sequence, get_args
 
+from targets.fork_server import start_python
 from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, device_env, exit_reason, kill_tree,
                                    scrubbed_env, torchrun)
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
@@ -48,20 +47,6 @@ def shared_cpus(a: WorkerRequest, b: WorkerRequest) -> list[int] | None:
     return allowed[-min(wanted, len(allowed)):]
 
 
-@contextlib.contextmanager
-def _inherited_affinity(cpus: Sequence[int] | None) -> Iterator[None]:
-    """Pin the calling thread while it forks, so the child starts pinned (and so do all its threads)."""
-    if cpus is None or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, saved)
-
-
 class _Worker:
     """One ``validators.ab_worker`` child in its own process group, read line by line with deadlines."""
 
@@ -72,13 +57,10 @@ class _Worker:
         self.stderr = open(request.with_suffix(".stderr"), "w+b")
         self.spawned = time.time()  # wall clock, to split the start-up with the worker's own stamps
         launcher = torchrun(spec.ranks) if spec.ranks > 1 else []  # every rank shares the pipes
-        with _inherited_affinity(cpus):
-            self.proc = subprocess.Popen([sys.executable, *launcher, "-m", "validators.ab_worker",
-                                          "--request", str(request)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                         env=scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}",
-                                                           **device_env(spec)}, root),
-                                         cwd=root, start_new_session=True, text=True, bufsize=1)
+        self.proc = start_python("validators.ab_worker", ["--request", str(request)],
+                                 scrubbed_env({COLLECTIVE_TIMEOUT_ENV: f"{timeout_s:g}", **device_env(spec)}, root),
+                                 cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                 cpus=cpus, launcher=launcher)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 

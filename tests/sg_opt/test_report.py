@@ -66,18 +66,22 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     md = (agent_run / "report.md").read_text()
     assert len(md) < 65_536  # a GitHub pull-request comment
     assert "95% CI" in md and "numerics | exact" in md and "SIGSEGV" in md and "No kernel-slot roofline" in md
-    assert re.search(r"Wall time [0-9.]+ min: baseline [0-9.]+, .*timing [0-9.]+", md)
+    assert re.search(r"Wall time [0-9.]+ min: baseline [0-9.]+(, [a-z ]+ [0-9.]+)*\.", md)
+    assert (re.search(r"Wall time [^.]+, timing [0-9.]+", md) is not None) == (s["node_s"]["measure"] >= 3.0)
     # every timing worker of the run split its start-up: two in each of the A/A runs, the win's and the final A/B
     w = s["worker_startup"]
     assert w["workers"] >= 2 * 4 and w["start_s"] > 0 and w["build_s"] > 0 and w["warmup_s"] >= 0
     assert re.search(rf"A timing worker got ready in [0-9.]+ s \(medians of {w['workers']}\): start and imports "
                      r"[0-9.]+, build [0-9.]+, warm-up [0-9.]+\.", md)
     assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
+    best_ms, floor_ms = s["best_step"]["ms"], s["phases"][-1]["floor_step_ms"]
+    assert (f"the best configuration's step in the final side-by-side measurement, {best_ms:.2f} ms, is "
+            f"x{best_ms / floor_ms:.1f} the floor ({floor_ms:.3f} ms)") in md
     assert re.search(r"Host side \(after #\d+, per step: ms of host work not waiting on the device / host operator "
                      r"calls\): data \d+\.\d\d / \d+,", md)
     page = (agent_run / "report.html").read_text()
     assert "No kernel-slot roofline" in page and "No LLM calls" in page and "Against the hardware floor" in page
-    assert "Host side (after #" in page
+    assert "Host side (after #" in page and "The best configuration&#x27;s step in the final side-by-side" in page
     assert f"calibrated again on faster incumbents: {100 * again['noise_floor']:.1f}% at" in md
     assert "calibrated again on faster incumbents" in page
     assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)

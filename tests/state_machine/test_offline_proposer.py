@@ -337,3 +337,25 @@ def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(st
                for p in propose_offline(slower, ctx, limit=200))
     assert all(p.proposer != "offline:host-and-device"
                for p in propose_offline(at.model_copy(update={"device": "cpu"}), ctx, limit=200))
+
+
+S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h200x2-large-pairs/), all 15 candidates
+    (1, {"embedding_grad_mode": "fused"}, True, 0.618), (2, {"tail_backend": "triton-fused-loss"}, True, 0.201),
+    (3, {"tail_fp32_dot": "tf32x3"}, False, 0.947), (4, {"data_workers": 2}, False, 0.917),
+    (5, {"tail_fp32_dot": "tf32"}, False, 1.005), (6, {"pack_batches": True}, True, 0.816),
+    (7, {"data_workers": 4}, False, 0.954), (8, {"precision": "bf16-autocast"}, False),
+    (9, {"matmul_precision": "high"}, False), (10, {"data_workers": 2, "tail_fp32_dot": "tf32x3"}, True, 0.772),
+    (11, {"dense_cuda_graph": True}, False, 1.159), (12, {"compile_encoder": True}, False, 1.079),
+    (13, {"data_workers": 4, "tail_fp32_dot": "tf32x3"}, False, 0.903), (14, {"embedding_backend": "triton"}, False, 1.184),
+    (15, {"embedding_grad_mode": "sparse"}, False, 1.104)]
+
+
+def test_the_session_13_large_run_stopped_one_candidate_short_of_pinned_prefetch(state, ctx):
+    """Replayed on the real profile of the session-13 `large` run after its last win (#10, the host-and-device
+    pair) with all 15 of its candidates: its 16 minutes ended where the pinned prefetch came next (accepted at
+    0.810 in session 8's x13.36 run), then the fused and foreach optimizers. Cheaper candidates reach them."""
+    at = replayed(state, ctx, "h200_large_s13_after_10.json", "large", {}, S13_LARGE_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    assert [p.proposer for p in proposals[:3]] == ["offline:pinned-prefetch", "offline:fused-optimizer",
+                                                   "offline:foreach-optimizer"]
+    assert proposals[0].patch == {"pin_memory": True, "prefetch_to_device": True}

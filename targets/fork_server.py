@@ -1,0 +1,328 @@
+"""Worker processes forked from a server that has already imported torch, not started from nothing.
+
+Every measurement starts fresh worker processes (the two sides of an A/B run, numerics and profile
+runs), and each new interpreter spends seconds importing torch and, at its first optimizer,
+torch._dynamo: about 3 s on a 2-core VM, and much of the 4.0 s "start and imports" of a timing worker's
+12.1 s start-up at size large on an H200 (BENCHMARKS.md, session 13). The server imports those once,
+then forks one child per worker.
+
+A child gets what a fresh ``python -m MODULE ARGS`` would: its own environment, working directory,
+sys.path (its working directory, then its PYTHONPATH, then the interpreter's own paths), CPU set,
+session and standard streams. The server imports nothing of this project (so a candidate's code tree
+imports its own modules), never initialises CUDA (a forked CUDA context is unusable: a server that
+finds the CUDA driver loaded after its imports refuses to serve), and is started again whenever the
+caller's environment changes in anything but the per-worker variables, as torch reads some of it at
+import. Exit statuses come back through one pipe per child, written by the server when it reaps it.
+
+``SG_OPT_FORK_SERVER=0`` starts every worker as a plain subprocess; so does any failure of the server.
+This file is also the server's program (``python fork_server.py FD``), which is why it imports nothing
+from the project.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any, Sequence
+
+SWITCH = "SG_OPT_FORK_SERVER"
+# Variables that differ from child to child and that no preloaded module reads at import: a change in any
+# other one starts a new server, so the preloaded imports always saw the child's environment.
+PER_WORKER = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "SG_OPT_COLLECTIVE_TIMEOUT_S", "PYTEST_CURRENT_TEST")
+PRELOAD = ("numpy", "pydantic", "torch", "torch._dynamo")
+REAP_INTERVAL_S = 0.02
+
+
+# ----------------------------------------------------------------------------- the server
+
+def _cuda_driver_loaded() -> bool:
+    try:
+        return "libcuda.so" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
+    """In the forked child: take the request's streams, session, directory, environment, CPUs and
+    sys.path, run the module as __main__, and exit with its status. Never returns."""
+    code = 1
+    try:
+        if request["new_session"]:
+            os.setsid()
+        for target, fd in zip((0, 1, 2), fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if request["cpus"]:
+            os.sched_setaffinity(0, request["cpus"])
+        python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [os.getcwd(), *python_path, *base_path]
+        if os.environ.get("PYTHONUNBUFFERED"):
+            sys.stdout.reconfigure(write_through=True)
+            sys.stderr.reconfigure(write_through=True)
+        sys.argv = [request["module"], *request["args"]]
+        _fresh_process_state()
+        import runpy
+
+        runpy._run_module_as_main(request["module"])  # what `python -m` runs
+        code = 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the child reports everything, as an interpreter would
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _fresh_process_state() -> None:
+    """What a fresh interpreter draws anew and a fork would share: numpy's global random state and the
+    multiprocessing authentication key (Python's own `random` reseeds itself after a fork)."""
+    import multiprocessing
+
+    import numpy
+
+    numpy.random.seed()
+    multiprocessing.current_process().authkey = os.urandom(32)
+
+
+def _reap(children: dict[int, int]) -> None:
+    """Write the exit status of every finished child to its status pipe."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = children.pop(pid, None)
+        if fd is not None:
+            try:
+                os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:  # the caller no longer reads it
+                pass
+            finally:
+                os.close(fd)
+
+
+def serve(sock: socket.socket) -> None:
+    """Import PRELOAD, then fork a child per request until the caller closes its end of ``sock``."""
+    for name in PRELOAD:
+        __import__(name)
+    if _cuda_driver_loaded():
+        sock.sendall(b'{"refused": "the CUDA driver was loaded by the imports"}')
+        return
+    sock.sendall(b'{"ready": true}')
+    base_path = [p for p in sys.path if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    children: dict[int, int] = {}
+    while True:
+        readable, _, _ = select.select([sock], [], [], REAP_INTERVAL_S)
+        _reap(children)
+        if not readable:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
+        if not message:  # the caller is done with us: report the children still running, then go
+            while children:
+                time.sleep(REAP_INTERVAL_S)
+                _reap(children)
+            return
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            for fd in children.values():
+                os.close(fd)
+            _become_worker(json.loads(message), fds, base_path)
+        for fd in fds[:3]:
+            os.close(fd)
+        children[pid] = fds[3]
+        sock.sendall(f'{{"pid": {pid}}}'.encode())
+
+
+# ----------------------------------------------------------------------------- the caller's side
+
+class ForkedProcess:
+    """A worker forked by the server, handled like a ``subprocess.Popen``: pid, stdin, stdout, poll, wait."""
+
+    def __init__(self, args: list[str], pid: int, status: int, stdin: IO | None, stdout: IO | None):
+        self.args, self.pid, self._status, self.stdin, self.stdout = args, pid, status, stdin, stdout
+        self.returncode: int | None = None
+        self._text = b""
+
+    def _read_status(self, timeout: float | None) -> bool:
+        if self.returncode is not None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._status], [], [], left)[0]:
+                return False
+            chunk = os.read(self._status, 64)
+            if chunk:
+                self._text += chunk
+                continue
+            os.close(self._status)
+            if self._text.strip():
+                self.returncode = int(self._text)
+            else:  # the server died first: wait for the child itself, its status unknown
+                while Path(f"/proc/{self.pid}").exists():
+                    time.sleep(REAP_INTERVAL_S)
+                self.returncode = 255
+            return True
+
+    def poll(self) -> int | None:
+        self._read_status(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._read_status(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def __del__(self) -> None:
+        if self.returncode is None:
+            try:
+                os.close(self._status)
+            except OSError:
+                pass
+
+
+class _Server:
+    """One running server, started with the environment ``key`` stands for."""
+
+    def __init__(self, env: dict[str, str], key: tuple):
+        self.key, self.lock = key, threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per request
+        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                     env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self.sock = ours
+        self.ready: bool | None = None  # known at the first spawn, once its imports are done
+
+    def spawn(self, request: dict[str, Any], fds: Sequence[int]) -> tuple[int, int] | None:
+        """(pid, status fd) of a forked child, or None when this server cannot serve."""
+        read_status, write_status = os.pipe()
+        try:
+            with self.lock:
+                if self.ready is None:
+                    self.ready = bool(json.loads(self.sock.recv(4096) or b"{}").get("ready"))
+                if not self.ready:
+                    return None
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [*fds, write_status])
+                reply = json.loads(self.sock.recv(4096) or b"{}")
+        except (OSError, ValueError):
+            self.ready = False
+            reply = {}
+        finally:
+            os.close(write_status)
+        if "pid" not in reply:
+            os.close(read_status)
+            self.ready = False
+            return None
+        return int(reply["pid"]), read_status
+
+    def close(self) -> None:
+        """Stop taking requests; the server exits once it has reported every child still running."""
+        self.sock.close()
+
+
+_current: list[_Server] = []  # the server that takes requests now
+_retired: list[_Server] = []  # closed ones, still reporting on their children, polled so none stays a zombie
+_servers_lock = threading.Lock()
+
+
+def _server_for(env: dict[str, str]) -> _Server:
+    key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_WORKER))
+    with _servers_lock:
+        _retired[:] = [s for s in _retired if s.proc.poll() is None]
+        if _current and (_current[0].key != key or _current[0].ready is False):
+            _current[0].close()
+            _retired.append(_current.pop())
+        if not _current:
+            _current.append(_Server(env, key))
+        return _current[0]
+
+
+def _close_servers() -> None:
+    for server in _current:
+        server.close()
+
+
+atexit.register(_close_servers)
+
+
+def _fd(stream: Any, mode: str) -> tuple[int, IO | None, int | None]:
+    """(fd for the child, our end as a file or None, fd to close in the caller after the spawn)."""
+    if stream is subprocess.PIPE:
+        read, write = os.pipe()
+        ours, theirs = (write, read) if mode == "w" else (read, write)
+        return theirs, os.fdopen(ours, mode, buffering=1, encoding="utf-8"), theirs
+    if stream is subprocess.DEVNULL or stream is None:
+        fd = os.open(os.devnull, os.O_RDWR)
+        return fd, None, fd
+    return stream.fileno(), None, None
+
+
+def start_python(module: str, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
+                 stdin: Any = subprocess.DEVNULL, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
+                 cpus: Sequence[int] | None = None, launcher: Sequence[str] = ()) -> ForkedProcess | subprocess.Popen:
+    """``python [launcher] -m module *args`` in a session of its own: forked from the server, or a plain
+    subprocess under a launcher (torchrun starts fresh interpreters anyway) or where the server is switched
+    off or cannot serve. stdin/stdout take PIPE (text, line-buffered), DEVNULL or a file; ``cpus`` pins it
+    (default: the calling thread's CPU set)."""
+    cpus = sorted(cpus) if cpus else (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    cmd = [sys.executable, *launcher, "-m", module, *args]
+    wanted = not launcher and env.get(SWITCH, "1") not in ("0", "false", "no", "off")
+    server = _server_for(env) if wanted else None
+    if server is not None:
+        streams = [_fd(stdin, "w"), _fd(stdout, "r"), _fd(stderr, "r")]
+        request = {"module": module, "args": list(args), "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
+                   "cpus": cpus, "new_session": True}
+        try:
+            spawned = server.spawn(request, [fd for fd, _, _ in streams])
+        finally:
+            for _, _, close in streams:
+                if close is not None:
+                    os.close(close)
+        if spawned is not None:
+            return ForkedProcess(cmd, *spawned, stdin=streams[0][1], stdout=streams[1][1])
+        for _, ours, _ in streams:
+            if ours is not None:
+                ours.close()
+    saved = os.sched_getaffinity(0) if cpus and hasattr(os, "sched_setaffinity") else None
+    if saved is not None:
+        os.sched_setaffinity(0, cpus)  # the calling thread, while it forks: the child starts pinned
+    try:
+        return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+                                start_new_session=True, text=True, bufsize=1)
+    finally:
+        if saved is not None:
+            os.sched_setaffinity(0, saved)
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)  # this file's folder: the server imports nothing of the project
+    serve(socket.socket(fileno=int(sys.argv[1])))

@@ -1,0 +1,132 @@
+"""Workers forked from the fork server behave as `python -m` children would, only sooner."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from targets.fork_server import ForkedProcess, start_python
+from targets.worker_client import kill_tree, scrubbed_env
+
+PROJECT = ("targets", "sg_opt", "validators", "state_machine", "profilers")
+
+REPORTER = textwrap.dedent("""
+    import json, os, random, sys
+    import numpy
+    line = sys.stdin.readline().strip()
+    print(json.dumps({
+        "line": line, "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2],
+        "x": os.environ.get("SG_OPT_TEST_X"), "cpus": sorted(os.sched_getaffinity(0)),
+        "own_session": os.getsid(0) == os.getpid(), "name": __name__, "ppid": os.getppid(),
+        "project_modules": sorted(m for m in sys.modules if m.split(".")[0] in %r),
+        "draws": [random.random(), float(numpy.random.random())]}))
+    sys.stdout.flush()
+    print("a line for stderr", file=sys.stderr)
+    how = sys.argv[1]
+    if how == "raise":
+        raise RuntimeError("raised on purpose")
+    if how == "signal":
+        os.kill(os.getpid(), 9)
+    if how == "sleep":
+        import time
+        time.sleep(60)
+    sys.exit(int(how))
+""" % (PROJECT,))
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "reporter_mod.py").write_text(REPORTER)
+    return tmp_path
+
+
+def run(tree: Path, how: str, server: str = "1", cpus=None, extra: dict | None = None):
+    env = scrubbed_env({"SG_OPT_TEST_X": "seen", "SG_OPT_FORK_SERVER": server, **(extra or {})}, root=str(tree))
+    err = open(tree / f"stderr-{how}-{server}", "w+b")
+    proc = start_python("reporter_mod", [how, "second"], env, cwd=str(tree), stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=err, cpus=cpus)
+    proc.stdin.write("a line for stdin\n")
+    proc.stdin.flush()
+    report = json.loads(proc.stdout.readline())
+    return proc, report, err
+
+
+def stderr_of(err) -> str:
+    err.flush()
+    err.seek(0)
+    return err.read().decode()
+
+
+def test_a_forked_worker_sees_what_a_fresh_interpreter_would(tree):
+    forked, seen, err = run(tree, "3")
+    plain, expected, _ = run(tree, "3", server="0")
+    assert isinstance(forked, ForkedProcess) and isinstance(plain, subprocess.Popen)
+    assert forked.wait(30) == plain.wait(30) == 3
+    for key in ("line", "argv", "cwd", "path", "x", "cpus", "own_session", "name", "project_modules"):
+        assert seen[key] == expected[key], key
+    assert seen["path"][0] == str(tree) and seen["project_modules"] == []
+    assert seen["draws"] != expected["draws"]
+    assert "a line for stderr" in stderr_of(err)
+
+
+def test_every_forked_worker_draws_its_own_random_numbers(tree):
+    draws = []
+    for _ in range(2):
+        proc, seen, _ = run(tree, "0")
+        proc.wait(30)
+        draws.append(seen["draws"])
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+
+
+def test_a_worker_is_pinned_to_the_cpus_it_is_given(tree):
+    one = sorted(os.sched_getaffinity(0))[-1:]
+    proc, seen, _ = run(tree, "0", cpus=one)
+    assert proc.wait(30) == 0 and seen["cpus"] == one
+
+
+def test_crashes_signals_and_hangs_end_as_they_would_in_a_subprocess(tree):
+    proc, _, err = run(tree, "raise")
+    assert proc.wait(30) == 1 and "RuntimeError: raised on purpose" in stderr_of(err)
+    proc, _, _ = run(tree, "signal")
+    assert proc.wait(30) == -signal.SIGKILL
+    proc, _, _ = run(tree, "sleep")
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.3)
+    assert proc.poll() is None
+    kill_tree(proc.pid)
+    assert proc.wait(30) == -signal.SIGKILL
+
+
+def test_the_server_is_started_again_when_the_environment_changes(tree):
+    first = run(tree, "0", extra={"SG_OPT_TEST_Y": "1"})
+    again = run(tree, "0", extra={"SG_OPT_TEST_Y": "1", "PYTEST_CURRENT_TEST": "another test"})
+    changed = run(tree, "0", extra={"SG_OPT_TEST_Y": "2"})
+    for proc, _, _ in (first, again, changed):
+        assert proc.wait(30) == 0
+    assert first[1]["ppid"] == again[1]["ppid"] != changed[1]["ppid"]
+    assert first[1]["ppid"] != os.getpid()
+
+
+def test_under_a_launcher_or_switched_off_workers_start_as_subprocesses(tree):
+    env = scrubbed_env({"SG_OPT_TEST_X": "seen"}, root=str(tree))
+    proc = start_python("reporter_mod", ["0"], env, cwd=str(tree), launcher=["-X", "utf8"])
+    assert isinstance(proc, subprocess.Popen) and proc.wait(30) == 0
+    assert proc.args[:4] == [sys.executable, "-X", "utf8", "-m"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_forked_worker_gets_the_gpu_it_is_given(tmp_path):
+    """The server never initialises CUDA, so a forked child can; it sees only its CUDA_VISIBLE_DEVICES."""
+    (tmp_path / "cuda_mod.py").write_text(
+        "import torch\nx = torch.ones(1024, device='cuda')\nprint(int(x.sum()), torch.cuda.device_count(), flush=True)\n")
+    env = scrubbed_env({"CUDA_VISIBLE_DEVICES": "0"}, root=str(tmp_path))
+    proc = start_python("cuda_mod", [], env, cwd=str(tmp_path), stdout=subprocess.PIPE)
+    assert isinstance(proc, ForkedProcess), "the server refused to serve (did its imports load the CUDA driver?)"
+    assert proc.stdout.readline().split() == ["1024", "1"] and proc.wait(60) == 0
