@@ -221,9 +221,27 @@ def floor_lines(s: Summary) -> list[str]:
                  f"{over_floor_text(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
         lines.append(f"| {name} | {last.floor_bound.get(name, '-')} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {p.label}: {p.floor_note}." for p in cols if p.floor_note]
-    if (final := final_over_floor(s)) is not None:
-        lines.append(f"- {final}.")
+    lines += [f"- {note}." for note in (final_over_floor(s), host_bound_note(s)) if note is not None]
     return lines
+
+
+HOST_BOUND_SHARE = 0.9  # host work (not waiting on the device) over this share of the step: the host sets its pace
+
+
+def host_bound_note(s: Summary) -> str | None:
+    """On a GPU, when the last floor profile's host is busy for nearly all of the step: no device phase's
+    distance from its floor is what holds the step back, the host work is (None otherwise)."""
+    cols = floor_columns(s)
+    last = cols[-1] if cols else None
+    if last is None or not s.device.startswith("cuda") or not last.host_work_ms or not last.step_ms:
+        return None
+    host = sum(last.host_work_ms.values())
+    if host < HOST_BOUND_SHARE * last.step_ms:
+        return None
+    most = max(last.host_work_ms, key=last.host_work_ms.get)
+    return (f"{last.label}: the step is host-bound, {host:.2f} ms of host work not waiting on the device in a "
+            f"{last.step_ms:.2f} ms profiled step, so it is the host work that holds it back, not a device phase "
+            f"(most in {most}: {last.host_work_ms[most]:.2f} ms)")
 
 
 def final_over_floor(s: Summary) -> str | None:

@@ -13,9 +13,9 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, final_over_floor, floor_columns, floor_text, host_line,
-                           machine_rows, numerics_line, over_floor_text, ratio_text, result_line, spend_line, status_line, step_text,
-                           time_line, verdict_text)
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, final_over_floor, floor_columns, floor_text,
+                           host_bound_note, host_line, machine_rows, numerics_line, over_floor_text, ratio_text,
+                           result_line, spend_line, status_line, step_text, time_line, verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -145,8 +145,8 @@ def _floor(s: Summary) -> str:
         rows.append(row)
     headers = ["phase", "bound"] + [f"{p.label} {h}" for p in cols for h in ("ms", "floor ms", "over floor")]
     notes = "".join(f"<p>{escape(p.label)}: {escape(p.floor_note)}.</p>" for p in cols if p.floor_note)
-    if (final := final_over_floor(s)) is not None:
-        notes += f"<p>{escape(final[0].upper() + final[1:])}.</p>"
+    notes += "".join(f"<p>{escape(note[0].upper() + note[1:])}.</p>"
+                     for note in (final_over_floor(s), host_bound_note(s)) if note is not None)
     return section("floor", "Against the hardware floor",
                    "<p>Each phase's floor is its least work (FLOPs, device bytes, host-device bytes) at the measured "
                    "ceilings; measured is phase share x profiled step time.</p>",

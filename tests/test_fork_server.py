@@ -125,7 +125,8 @@ def test_under_a_launcher_or_switched_off_workers_start_as_subprocesses(tree):
 def test_a_forked_worker_gets_the_gpu_it_is_given(tmp_path):
     """The server never initialises CUDA, so a forked child can; it sees only its CUDA_VISIBLE_DEVICES."""
     (tmp_path / "cuda_mod.py").write_text(
-        "import torch\nx = torch.ones(1024, device='cuda')\nprint(int(x.sum()), torch.cuda.device_count(), flush=True)\n")
+        "import torch\nx = torch.ones(1024, device='cuda')\n"
+        "print(int(x.sum()), torch.cuda.device_count(), flush=True)\n")
     env = scrubbed_env({"CUDA_VISIBLE_DEVICES": "0"}, root=str(tmp_path))
     proc = start_python("cuda_mod", [], env, cwd=str(tmp_path), stdout=subprocess.PIPE)
     assert isinstance(proc, ForkedProcess), "the server refused to serve (did its imports load the CUDA driver?)"

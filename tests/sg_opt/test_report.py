@@ -18,7 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
-from sg_opt.summary import SUMMARY_SCHEMA_VERSION
+from sg_opt.report import report_markdown
+from sg_opt.report_html import render_html
+from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 FINE = Path(__file__).with_name("test_report_fine.json")
 WALL = re.compile(r"Wall time [0-9.]+ min[^\n<]*")  # the minutes and their split, to the end of the line
@@ -223,3 +227,21 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
     w = _worker_startup(tmp_path)
     assert w.workers == 4 and w.start_s == pytest.approx(1.15) and w.build_s == pytest.approx(2.3)
     assert w.ready_s == pytest.approx((4.0 + 4.1) / 2)  # the median of the totals 3.5, 4.0, 9.6, 4.1
+
+
+def test_a_host_bound_gpu_step_is_said_to_be_held_back_by_its_host_work():
+    """The session-13 `large` run on an H200: after #10 the host worked 10.05 ms of a 10.83 ms profiled step,
+    so the tail's distance from its floor is not what holds the step back. The final side-by-side step is set
+    against the same floor."""
+    s = Summary.model_validate_json((FIXTURES / "h200_large_s13_summary.json").read_text())
+    md = report_markdown(s)
+    assert ("- after #10: the step is host-bound, 10.05 ms of host work not waiting on the device in a 10.83 ms "
+            "profiled step, so it is the host work that holds it back, not a device phase (most in backward: "
+            "2.59 ms).") in md
+    assert "- the best configuration's step in the final side-by-side measurement, 7.86 ms, is x3.6 the floor" in md
+    assert "After #10: the step is host-bound, 10.05 ms" in render_html(s)
+    on_cpu = s.model_copy(update={"device": "cpu"})  # there the host is the device
+    assert "host-bound" not in report_markdown(on_cpu)
+    last = s.phases[-1]
+    lighter = last.model_copy(update={"host_work_ms": {k: v / 2 for k, v in last.host_work_ms.items()}})
+    assert "host-bound" not in report_markdown(s.model_copy(update={"phases": [*s.phases[:-1], lighter]}))

@@ -346,7 +346,8 @@ S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h20
     (7, {"data_workers": 4}, False, 0.954), (8, {"precision": "bf16-autocast"}, False),
     (9, {"matmul_precision": "high"}, False), (10, {"data_workers": 2, "tail_fp32_dot": "tf32x3"}, True, 0.772),
     (11, {"dense_cuda_graph": True}, False, 1.159), (12, {"compile_encoder": True}, False, 1.079),
-    (13, {"data_workers": 4, "tail_fp32_dot": "tf32x3"}, False, 0.903), (14, {"embedding_backend": "triton"}, False, 1.184),
+    (13, {"data_workers": 4, "tail_fp32_dot": "tf32x3"}, False, 0.903),
+    (14, {"embedding_backend": "triton"}, False, 1.184),
     (15, {"embedding_grad_mode": "sparse"}, False, 1.104)]
 
 
