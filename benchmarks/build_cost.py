@@ -12,6 +12,9 @@ CPU VM at tiny, 1.5 s of a 1.5 s build: torch.optim's first optimizer imports to
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
+import sys
 import time
 
 T0 = time.perf_counter()
@@ -28,6 +31,8 @@ def main() -> None:
     parser.add_argument("--size", default="small")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--set", action="append", default=[], help="knob=value")
+    parser.add_argument("--profile-build", type=int, default=0, metavar="N",
+                        help="print the N functions the first build spent the most time in (cProfile, cumulative)")
     args = parser.parse_args()
     device = torch.device(args.device)
     patch = {k: TARGET.knob_space[k].parse(v) for k, v in (s.split("=", 1) for s in args.set)}
@@ -42,8 +47,14 @@ def main() -> None:
 
     torch.zeros(1, device=device)
     mark("device context")
+    profiler = cProfile.Profile() if args.profile_build else None
+    if profiler is not None:
+        profiler.enable()
     session = TARGET.build(config, args.size, {}, device, 0)
     mark("build")
+    if profiler is not None:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(args.profile_build)
     session.step()
     mark("first step")
     for _ in range(5):
