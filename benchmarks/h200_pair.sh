@@ -17,6 +17,8 @@
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
+# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt); where they
+# fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
 # BENCH_LIMIT (seconds, default 400) bounds each re-measurement: keep it inside what is left of the call's limit
@@ -37,6 +39,12 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
         taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
 }
 mkdir -p "$OUT"; { nvidia-smi topo -m; lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1  # which CPUs are near which GPU
+# Workers fork from the fork server only where its tests pass on this machine's GPU (FORK_CHECK=0 skips them)
+if [ "${FORK_CHECK:-1}" = 1 ] && ! python3 -m pytest -q -p no:cacheprovider tests/test_fork_server.py \
+        tests/test_digest.py > "$OUT/fork_server_check.txt" 2>&1; then
+    export SG_OPT_FORK_SERVER=0
+    echo "fork server tests failed: workers start as plain subprocesses" | tee -a "$OUT/fork_server_check.txt"
+fi
 lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" "${PRE_A:-}" &
 lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" "${PRE_B:-}" &
 wait
