@@ -1,5 +1,5 @@
-"""benchmarks/loader_handover.py and benchmarks/host_adagrad.py at tiny sizes: each runs and prints its
-figures (host_adagrad also checks that both forms give the same bits)."""
+"""benchmarks/loader_handover.py, benchmarks/host_adagrad.py and benchmarks/build_cost.py at tiny sizes: each
+runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,12 @@ def test_loader_handover_times_a_packed_batch_of_one_storage():
 def test_host_adagrad_times_both_forms_and_they_agree():
     out = _run("benchmarks/host_adagrad.py", "--rows", "20000", "--touched", "1000", "--repeats", "1")
     assert "(same bits: True)" in out and "as written:" in out and "in place:" in out
+
+
+def test_build_cost_times_each_stage_and_profiles_the_first_build():
+    out = _run("benchmarks/build_cost.py", "--size", "tiny", "--profile-build", "5")
+    stages = [line.rsplit(maxsplit=2)[0] for line in out.splitlines() if line.endswith(" s")]
+    assert stages == ["imports", "device context", "build", "first step", "5 more steps", "probe", "param digest",
+                      "build again"]
+    assert out.rstrip().endswith("(imports included)")
+    assert "Ordered by: cumulative time" in out and "target.py" in out and "(build)" in out
