@@ -17,8 +17,8 @@
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
-# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt); where they
-# fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
+# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt, some 20 s:
+# keep SLICE at 540 or below); where they fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
 # BENCH_LIMIT (seconds, default 400) bounds each re-measurement: keep it inside what is left of the call's limit
@@ -40,11 +40,10 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
 }
 mkdir -p "$OUT"; { nvidia-smi topo -m; lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1  # which CPUs are near which GPU
 # Workers fork from the fork server only where its tests pass on this machine's GPU (FORK_CHECK=0 skips them)
-if [ "${FORK_CHECK:-1}" = 1 ] && ! python3 -m pytest -q -p no:cacheprovider tests/test_fork_server.py \
-        tests/test_digest.py > "$OUT/fork_server_check.txt" 2>&1; then
-    export SG_OPT_FORK_SERVER=0
-    echo "fork server tests failed: workers start as plain subprocesses" | tee -a "$OUT/fork_server_check.txt"
+if [ "${FORK_CHECK:-1}" = 1 ]; then
+    bash benchmarks/fork_server_check.sh "$OUT/fork_server_check.txt" || export SG_OPT_FORK_SERVER=0
 fi
+export FORK_CHECK=0  # checked once for both lanes
 lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" "${PRE_A:-}" &
 lane b 1 "$half" "${B:?B= the settings of the second run}" "${CARRY_B:-}" "${PRE_B:-}" &
 wait
