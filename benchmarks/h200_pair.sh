@@ -17,8 +17,9 @@
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
-# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt, some 20 s:
-# keep SLICE at 540 or below); where they fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
+# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt; 10 s on
+# the 2-core VM, not yet timed on a GPU: keep SLICE at 540 or below); where they fail, every worker starts as a
+# plain subprocess (SG_OPT_FORK_SERVER=0).
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
 # BENCH_LIMIT (seconds, default 400) bounds each re-measurement: keep it inside what is left of the call's limit

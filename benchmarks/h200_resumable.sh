@@ -8,8 +8,9 @@
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
 # BENCH_LIMIT (seconds, default 400) bounds the re-measurement.
-# On a GPU, benchmarks/fork_server_check.sh runs first (some 20 s of the call: keep SLICE at 540 or below);
-# where it fails, workers start as plain subprocesses (FORK_CHECK=0 skips it, e.g. on a warm machine's resume).
+# On a GPU, benchmarks/fork_server_check.sh runs first (10 s on the 2-core VM, not yet timed on a GPU:
+# keep SLICE at 540 or below); where it fails, workers start as plain subprocesses (FORK_CHECK=0 skips it, e.g.
+# on a warm machine's resume).
 # VS=0 leaves the re-measurement out (benchmarks/h200_pair.sh runs it after both of its runs have finished).
 # SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
 # there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).

@@ -174,12 +174,6 @@ class Summary(BaseModel):
     notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
 
 
-def describe_change(e: Evaluated) -> str:
-    parts = [f"{k}={v}" for k, v in e.candidate.patch.items()]
-    parts += [f"kernel {slot}" for slot in e.candidate.kernels]
-    return ", ".join(parts) or "(nothing)"
-
-
 # ----------------------------------------------------------------------------- reading the run directory
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -205,7 +199,7 @@ def _decided_at(run_dir: Path) -> dict[int, float]:
 
 def _row(e: Evaluated, decided_at: dict[int, float]) -> CandidateRow:
     v = e.verdict
-    return CandidateRow(id=e.candidate.id, kind=e.candidate.kind, change=describe_change(e),
+    return CandidateRow(id=e.candidate.id, kind=e.candidate.kind, change=e.candidate.change(),
                         proposer=e.candidate.proposer, rationale=e.candidate.rationale, accepted=v.accepted,
                         stage=v.stage, reason=v.reason, numerics_class=v.numerics_class,
                         numerics_detail=v.numerics_detail, ratio=v.ratio, ci_low=v.ci_low, ci_high=v.ci_high,

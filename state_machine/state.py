@@ -93,6 +93,11 @@ class Candidate(BaseModel):
     proposer: str = Field(description="offline:<rule> or llm:<tier>")
     expected_gain: float | None = Field(None, description="the proposer's estimate of the step speedup")
 
+    def change(self) -> str:
+        """The change in words: 'knob=value, ..., kernel slot' (reports, rationales)."""
+        parts = [f"{k}={v}" for k, v in self.patch.items()] + [f"kernel {slot}" for slot in self.kernels]
+        return ", ".join(parts) or "(nothing)"
+
 
 class Verdict(BaseModel):
     """What became of a candidate, and why, in one sentence."""

@@ -2,9 +2,10 @@
 
 Every measurement starts fresh worker processes (the two sides of an A/B run, numerics and profile
 runs), and each new interpreter spends seconds importing torch and, at its first optimizer,
-torch._dynamo: about 3 s on a 2-core VM, and much of the 4.0 s "start and imports" of a timing worker's
-12.1 s start-up at size large on an H200 (BENCHMARKS.md, session 13). The server imports those once,
-then forks one child per worker.
+torch._dynamo: a timing worker of a tiny run on a 2-core VM got ready in 2.4 s started anew and in 0.2 s
+forked (BENCHMARKS.md, session 13); at size large on an H200 "start and imports" took 4.0 s of a timing
+worker's 12.1 s start-up, before the server existed. The server imports those once, then forks one child
+per worker.
 
 A child gets what a fresh ``python -m MODULE ARGS`` would: its own environment, working directory,
 sys.path (its working directory, then its PYTHONPATH, then the interpreter's own paths), CPU set,
@@ -57,8 +58,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]
     sys.path, run the module as __main__, and exit with its status. Never returns."""
     code = 1
     try:
-        if request["new_session"]:
-            os.setsid()
+        os.setsid()
         for target, fd in zip((0, 1, 2), fds[:3]):
             os.dup2(fd, target)
         for fd in fds:
@@ -69,8 +69,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        if request["cpus"]:
-            os.sched_setaffinity(0, request["cpus"])
+        os.sched_setaffinity(0, request["cpus"])
         python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [os.getcwd(), *python_path, *base_path]
         if os.environ.get("PYTHONUNBUFFERED"):
@@ -249,29 +248,31 @@ class _Server:
         self.sock.close()
 
 
-_current: list[_Server] = []  # the server that takes requests now
+_current: _Server | None = None  # the server that takes requests now
 _retired: list[_Server] = []  # closed ones, still reporting on their children, polled so none stays a zombie
 _servers_lock = threading.Lock()
 
 
 def _server_for(env: dict[str, str]) -> _Server:
+    global _current
     key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_WORKER))
     with _servers_lock:
         _retired[:] = [s for s in _retired if s.proc.poll() is None]
-        if _current and (_current[0].key != key or _current[0].ready is False):
-            _current[0].close()
-            _retired.append(_current.pop())
-        if not _current:
-            _current.append(_Server(env, key))
-        return _current[0]
+        if _current is not None and (_current.key != key or _current.ready is False):
+            _current.close()
+            _retired.append(_current)
+            _current = None
+        if _current is None:
+            _current = _Server(env, key)
+        return _current
 
 
-def _close_servers() -> None:
-    for server in _current:
-        server.close()
+def _close_server() -> None:
+    if _current is not None:
+        _current.close()
 
 
-atexit.register(_close_servers)
+atexit.register(_close_server)
 
 
 def _fd(stream: Any, mode: str) -> tuple[int, IO | None, int | None]:
@@ -286,35 +287,41 @@ def _fd(stream: Any, mode: str) -> tuple[int, IO | None, int | None]:
     return stream.fileno(), None, None
 
 
+def _forked(cmd: list[str], module: str, args: Sequence[str], env: dict[str, str], cwd: str | None,
+            streams: tuple[Any, Any, Any], cpus: list[int] | None) -> ForkedProcess | None:
+    """The child forked by the server for this environment, or None where the server cannot serve."""
+    ends = [_fd(stream, mode) for stream, mode in zip(streams, ("w", "r", "r"))]
+    request = {"module": module, "args": list(args), "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
+               "cpus": cpus if cpus else sorted(os.sched_getaffinity(0))}
+    try:
+        spawned = _server_for(env).spawn(request, [fd for fd, _, _ in ends])
+    finally:
+        for _, _, close in ends:
+            if close is not None:
+                os.close(close)
+    if spawned is None:
+        for _, ours, _ in ends:
+            if ours is not None:
+                ours.close()
+        return None
+    return ForkedProcess(cmd, *spawned, stdin=ends[0][1], stdout=ends[1][1])
+
+
 def start_python(module: str, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
                  stdin: Any = subprocess.DEVNULL, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
                  cpus: Sequence[int] | None = None, launcher: Sequence[str] = ()) -> ForkedProcess | subprocess.Popen:
     """``python [launcher] -m module *args`` in a session of its own: forked from the server, or a plain
     subprocess under a launcher (torchrun starts fresh interpreters anyway) or where the server is switched
     off or cannot serve. stdin/stdout take PIPE (text, line-buffered), DEVNULL or a file; ``cpus`` pins it
-    (default: the calling thread's CPU set)."""
-    cpus = sorted(cpus) if cpus else (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
+    (default: the calling thread's CPU set, which a child inherits either way)."""
     cmd = [sys.executable, *launcher, "-m", module, *args]
-    wanted = not launcher and env.get(SWITCH, "1") not in ("0", "false", "no", "off")
-    server = _server_for(env) if wanted else None
-    if server is not None:
-        streams = [_fd(stdin, "w"), _fd(stdout, "r"), _fd(stderr, "r")]
-        request = {"module": module, "args": list(args), "env": env, "cwd": os.path.abspath(cwd or os.getcwd()),
-                   "cpus": cpus, "new_session": True}
-        try:
-            spawned = server.spawn(request, [fd for fd, _, _ in streams])
-        finally:
-            for _, _, close in streams:
-                if close is not None:
-                    os.close(close)
-        if spawned is not None:
-            return ForkedProcess(cmd, *spawned, stdin=streams[0][1], stdout=streams[1][1])
-        for _, ours, _ in streams:
-            if ours is not None:
-                ours.close()
-    saved = os.sched_getaffinity(0) if cpus and hasattr(os, "sched_setaffinity") else None
+    pinned = sorted(cpus) if cpus else None
+    if not launcher and env.get(SWITCH, "1") not in ("0", "false", "no", "off"):
+        if (child := _forked(cmd, module, args, env, cwd, (stdin, stdout, stderr), pinned)) is not None:
+            return child
+    saved = os.sched_getaffinity(0) if pinned else None
     if saved is not None:
-        os.sched_setaffinity(0, cpus)  # the calling thread, while it forks: the child starts pinned
+        os.sched_setaffinity(0, pinned)  # the calling thread, while it forks: the child starts pinned
     try:
         return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
                                 start_new_session=True, text=True, bufsize=1)

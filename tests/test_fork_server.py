@@ -114,7 +114,7 @@ def test_the_server_is_started_again_when_the_environment_changes(tree):
     assert first[1]["ppid"] != os.getpid()
 
 
-def test_under_a_launcher_or_switched_off_workers_start_as_subprocesses(tree):
+def test_under_a_launcher_workers_start_as_subprocesses(tree):
     env = scrubbed_env({"SG_OPT_TEST_X": "seen"}, root=str(tree))
     proc = start_python("reporter_mod", ["0"], env, cwd=str(tree), launcher=["-X", "utf8"])
     assert isinstance(proc, subprocess.Popen) and proc.wait(30) == 0

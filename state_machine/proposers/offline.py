@@ -289,15 +289,11 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Pr
             h, d = host.candidate, device.candidate
             yield Proposal(kind="knob", patch={**h.patch, **d.patch}, proposer=HOST_AND_DEVICE,
                            expected_gain=1.0 / (host.verdict.ratio * device.verdict.ratio),
-                           rationale=f"#{h.id} ({_patch_text(h.patch)}, host side) leaned {host.verdict.ratio:.3f} and "
-                                     f"#{d.id} ({_patch_text(d.patch)}, device side) {device.verdict.ratio:.3f}, "
+                           rationale=f"#{h.id} ({h.change()}, host side) leaned {host.verdict.ratio:.3f} and "
+                                     f"#{d.id} ({d.change()}, device side) {device.verdict.ratio:.3f}, "
                                      f"neither proven alone: a GPU step takes the longer of its host and device "
                                      f"work, so shortening one side shows little while the other is as long; "
                                      f"both at once")
-
-
-def _patch_text(patch: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in patch.items())
 
 
 def _values(knob: Knob) -> tuple[Any, ...]:
