@@ -10,8 +10,8 @@ per worker.
 A child gets what a fresh ``python -m MODULE ARGS`` would: its own environment, working directory,
 sys.path (its working directory, then its PYTHONPATH, then the interpreter's own paths), CPU set,
 session and standard streams. The server imports nothing of this project (so a candidate's code tree
-imports its own modules), never initialises CUDA (a forked CUDA context is unusable: a server that
-finds the CUDA driver loaded after its imports refuses to serve), and is started again whenever the
+imports its own modules), never initialises CUDA (a forked CUDA context is unusable: a server whose
+imports called cuInit refuses to serve; merely mapping the driver, as torch's CUDA build does, is fine), and is started again whenever the
 caller's environment changes in anything but the per-worker variables, as torch reads some of it at
 import. Exit statuses come back through one pipe per child, written by the server when it reaps it.
 
@@ -23,6 +23,7 @@ from the project.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import select
@@ -46,11 +47,34 @@ REAP_INTERVAL_S = 0.02
 
 # ----------------------------------------------------------------------------- the server
 
-def _cuda_driver_loaded() -> bool:
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def _cuda_driver_path() -> str | None:
+    """The CUDA driver library this process has mapped, or None."""
     try:
-        return "libcuda.so" in Path("/proc/self/maps").read_text()
+        maps = Path("/proc/self/maps").read_text()
     except OSError:
+        return None
+    return next((line.split()[-1] for line in maps.splitlines() if "/libcuda.so" in line), None)
+
+
+def _cuda_initialised() -> bool:
+    """Whether this process has called cuInit, after which a forked child cannot use CUDA.
+
+    Having the driver mapped is not that: torch's CUDA build maps it at import on the H200 host (session 14:
+    the server refused every worker for it). Until cuInit has run, cuDeviceGetCount answers
+    CUDA_ERROR_NOT_INITIALIZED and initialises nothing, so it is the question to ask; a driver that cannot be
+    asked counts as initialised."""
+    path = _cuda_driver_path()
+    if path is None:
         return False
+    try:
+        driver = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)  # the mapped library; never load one here
+        count = ctypes.c_int(0)
+        return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return True
 
 
 def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
@@ -131,8 +155,8 @@ def serve(sock: socket.socket) -> None:
     """Import PRELOAD, then fork a child per request until the caller closes its end of ``sock``."""
     for name in PRELOAD:
         __import__(name)
-    if _cuda_driver_loaded():
-        sock.sendall(b'{"refused": "the CUDA driver was loaded by the imports"}')
+    if _cuda_initialised():
+        sock.sendall(b'{"refused": "the imports initialised the CUDA driver"}')
         return
     sock.sendall(b'{"ready": true}')
     base_path = [p for p in sys.path if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]

@@ -121,6 +121,27 @@ def test_under_a_launcher_workers_start_as_subprocesses(tree):
     assert proc.args[:4] == [sys.executable, "-X", "utf8", "-m"]
 
 
+FAKE_DRIVER = "int cuDeviceGetCount(int *count) { *count = 1; return ANSWER; }\n"
+ASK = ("import ctypes, sys; from targets.fork_server import _cuda_initialised; before = _cuda_initialised(); "
+       "ctypes.CDLL(sys.argv[1]); print(before, _cuda_initialised())")
+
+
+@pytest.mark.parametrize("answer, initialised", [(3, False), (0, True), (None, True)])
+def test_the_server_asks_the_mapped_driver_whether_cuinit_ran(tmp_path, answer, initialised):
+    """A driver mapped but not initialised (torch's CUDA build maps it at import) is no reason to refuse: only
+    cuDeviceGetCount's CUDA_ERROR_NOT_INITIALIZED (3) says cuInit has not run. A stand-in libcuda.so.1 gives
+    each answer; one without the function cannot be asked and counts as initialised."""
+    source = tmp_path / "driver.c"
+    source.write_text(FAKE_DRIVER if answer is not None else "int cuSomethingElse(void) { return 0; }\n")
+    lib = tmp_path / "lib" / "libcuda.so.1"
+    lib.parent.mkdir()
+    flags = [f"-DANSWER={answer}"] if answer is not None else []
+    subprocess.run(["cc", "-shared", "-fPIC", *flags, "-o", str(lib), str(source)], check=True)
+    out = subprocess.run([sys.executable, "-c", ASK, str(lib)], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1], env=scrubbed_env({}))
+    assert out.stdout.split() == ["False", str(initialised)]
+
+
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_a_forked_worker_gets_the_gpu_it_is_given(tmp_path):
     """The server never initialises CUDA, so a forked child can; it sees only its CUDA_VISIBLE_DEVICES."""
