@@ -27,6 +27,7 @@ from state_machine.specs import (baseline_request, candidate_config, candidate_k
                                  config_digest, incumbent_request, write_json)
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
                                  RunState, Verdict, loosest)
+from state_machine.time_budget import out_of_time
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerResult
@@ -158,12 +159,9 @@ def limit_reason(state: RunState) -> str | None:
     """Why the run must stop now, or None."""
     if state.stop_reason:
         return state.stop_reason
-    limits = state.limits
-    if state.evaluated >= limits.max_iters:
+    if state.evaluated >= state.limits.max_iters:
         return f"max-iters: {state.evaluated} candidates evaluated"
-    if state.elapsed_s >= 60.0 * limits.max_minutes:
-        return f"max-minutes: {state.elapsed_s / 60:.1f} minutes used of {limits.max_minutes:g}"
-    return None
+    return out_of_time(state)  # --max-minutes, the final measurement included
 
 
 def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:

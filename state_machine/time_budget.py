@@ -1,0 +1,69 @@
+"""What the end of a run needs out of ``--max-minutes``, so that the whole run ends inside it.
+
+``--max-minutes`` is the run's wall time, and after the last candidate come the final side-by-side
+measurement of baseline against best and the report. A run that only stops proposing once the limit is
+reached overruns it by a candidate and that measurement: `xl` on an H200 (2026-11-30) had used 20.2 of
+its 20 minutes with its 14th candidate still being timed and the final measurement still to come. So a
+new candidate starts only while what it is expected to take (the run's own mean so far) and the final
+measurement (sized on the baseline's A/A runs) both fit in what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from functools import lru_cache
+from pathlib import Path
+
+from state_machine.state import RunState
+
+FIXED_NODES = ("setup", "baseline")  # the once-per-run nodes; every other node's time is spent on candidates
+
+
+def candidate_s(state: RunState) -> float:
+    """The mean wall seconds a candidate has taken in this run (its diagnoses and recalibrations included),
+    0 before the first."""
+    if not state.evaluated:
+        return 0.0
+    spent = state.elapsed_s - sum(state.node_s.get(name, 0.0) for name in FIXED_NODES)
+    return max(0.0, spent) / state.evaluated
+
+
+@lru_cache(maxsize=8)
+def _final_from_calibration(path: str, blocks: int) -> float:
+    """Per A/A run: its fixed cost (workers started, built, warmed up: wall time less its timed blocks) plus
+    ``blocks`` pairs of its mean block; the median over the runs. The best side's blocks are no longer than the
+    baseline's, so this bounds a final measurement that is not repeated."""
+    runs = json.loads(Path(path).read_text(encoding="utf-8")).get("runs", [])
+    estimates = []
+    for run in runs:
+        steps = run.get("side_steps") or {"a": run["steps_per_block"], "b": run["steps_per_block"]}
+        timed = sum(sum(run[side]["block_medians"]) * steps[side] for side in ("a", "b"))
+        pair = timed / max(1, run["blocks"])
+        estimates.append(max(0.0, run["wall_s"] - timed) + blocks * pair)
+    return statistics.median(estimates) if estimates else 0.0
+
+
+def final_measurement_s(state: RunState) -> float:
+    """The expected wall seconds of the final measurement (0 when there is nothing to measure: no accepted change
+    yet, or no baseline calibration to size it on)."""
+    if not state.accepted or state.baseline is None or not Path(state.baseline.calibration_file).is_file():
+        return 0.0
+    try:
+        return _final_from_calibration(state.baseline.calibration_file,
+                                       max(state.plan.blocks, state.plan.final_blocks))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def out_of_time(state: RunState) -> str | None:
+    """Why ``--max-minutes`` allows no further candidate, or None."""
+    limit_s = 60.0 * state.limits.max_minutes
+    used = f"{state.elapsed_s / 60:.1f} minutes used of {state.limits.max_minutes:g}"
+    if state.elapsed_s >= limit_s:
+        return f"max-minutes: {used}"
+    need, final = candidate_s(state), final_measurement_s(state)
+    if state.elapsed_s + need + final > limit_s:
+        return (f"max-minutes: {used}; a candidate takes {need:.0f} s here and the final measurement about "
+                f"{final:.0f} s, which would not fit")
+    return None

@@ -1,0 +1,65 @@
+"""--max-minutes is the whole run: a candidate starts only when it and the final measurement still fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from state_machine import nodes
+from state_machine.state import Baseline, Evaluated, Limits, RunState, Verdict
+from state_machine.time_budget import candidate_s, final_measurement_s, out_of_time
+from tests.state_machine.records import candidate
+
+XL_CALIBRATION = Path(__file__).resolve().parents[1] / "fixtures" / "h200_xl_calibration.json"
+
+
+def with_history(state: RunState, accepted: int, rejected: int, calibration: Path = XL_CALIBRATION,
+                 **updates) -> RunState:
+    history = [Evaluated(candidate=candidate(i + 1, patch={"data_workers": 2}), incumbent_id=None,
+                         verdict=Verdict(accepted=i < accepted, stage="measure", reason="r", ratio=0.5))
+               for i in range(accepted + rejected)]
+    base = Baseline(numerics_file="n", step_ms=314.5, noise_floor=0.01, calibration_file=str(calibration))
+    return state.model_copy(update={"history": history, "baseline": base, **updates})
+
+
+def test_the_final_measurement_is_sized_on_the_baselines_a_a_runs(state):
+    """xl on the H200: two 40-block A/A runs of the 314.5 ms baseline took 110.1 and 108.9 s; their fixed cost
+    (workers started, built, warmed up) and 20 block pairs make 65.5 s. At the A/A's own 40 blocks the estimate
+    gives back the A/A's wall time."""
+    runs = json.loads(XL_CALIBRATION.read_text())["runs"]
+    xl = with_history(state, accepted=1, rejected=0)
+    assert final_measurement_s(xl) == pytest.approx(65.47, abs=0.01)
+    as_long = xl.model_copy(update={"plan": xl.plan.model_copy(update={"final_blocks": 40})})
+    assert final_measurement_s(as_long) == pytest.approx(sorted(r["wall_s"] for r in runs)[0]
+                                                          + (runs[0]["wall_s"] - runs[1]["wall_s"]) / 2, abs=0.6)
+
+
+def test_nothing_to_measure_reserves_nothing(state, tmp_path):
+    assert final_measurement_s(with_history(state, accepted=0, rejected=3)) == 0.0
+    assert final_measurement_s(with_history(state, accepted=1, rejected=0, calibration=tmp_path / "gone.json")) == 0.0
+
+
+def test_a_candidate_costs_the_runs_mean_less_the_baseline(state):
+    """xl's first run: 1,212 s in nodes, 297 s of them the baseline, 13 candidates: 70.4 s each."""
+    xl = with_history(state, accepted=4, rejected=9, elapsed_s=1212.2,
+                      node_s={"setup": 0.0, "baseline": 296.9, "validate": 338.3, "measure": 366.1,
+                              "diagnose": 210.8})
+    assert candidate_s(xl) == pytest.approx((1212.2 - 296.9) / 13)
+    assert candidate_s(state) == 0.0
+
+
+def test_no_candidate_starts_that_the_final_measurement_would_push_past_the_limit(state):
+    """At 17 of 20 minutes, 70 s a candidate and the 65 s final still fit; at 18 they do not, and the run
+    stops there (the xl run went on proposing until 20 minutes and ended past them)."""
+    node_s = {"baseline": 296.9}
+    fits = with_history(state, accepted=4, rejected=9, elapsed_s=17 * 60, node_s=node_s,
+                        limits=Limits(max_minutes=20))
+    assert candidate_s(fits) + final_measurement_s(fits) + fits.elapsed_s < 20 * 60
+    assert out_of_time(fits) is None and nodes.limit_reason(fits) is None
+    late = fits.model_copy(update={"elapsed_s": 18 * 60})
+    reason = nodes.limit_reason(late)
+    assert reason.startswith("max-minutes: 18.0 minutes used of 20; a candidate takes")
+    assert "final measurement about 65 s" in reason
+    assert out_of_time(late.model_copy(update={"elapsed_s": 20 * 60})) == "max-minutes: 20.0 minutes used of 20"
