@@ -24,9 +24,9 @@ from state_machine.proposers.llm import propose_llm
 from state_machine.proposers.offline import propose_offline
 from state_machine.proposers.tpe import propose_tpe
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
-                                 config_digest, incumbent_request, write_json)
+                                 config_digest, incumbent_request, numerics_class, write_json)
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
-                                 RunState, Verdict, loosest)
+                                 RunState, Verdict)
 from state_machine.time_budget import out_of_time
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
@@ -226,14 +226,6 @@ def _reject(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
     return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
 
 
-def _numerics_class(state: RunState, ctx: RunContext, resolved: dict[str, Any], kernels: dict[str, str]) -> str:
-    """The loosest promise among every change from the baseline (kernel replacements reorder math)."""
-    space = ctx.target.knob_space
-    base = space.resolve(state.baseline_config)
-    classes = [space[name].numerics_of(value) for name, value in resolved.items() if base[name] != value]
-    return loosest(classes + (["reorder"] if kernels else []))
-
-
 def _coerce_patch(ctx: RunContext, patch: dict[str, Any]) -> dict[str, Any]:
     space = ctx.target.knob_space
     return {name: space[name].parse(value) if isinstance(value, str) else space[name].validate(value)
@@ -276,7 +268,7 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if digest in seen:
         return _reject("check", f"a duplicate of {seen[digest]}")
     return {"current": cand, "current_digest": digest,
-            "current_numerics_class": _numerics_class(state, ctx, resolved, kernels)}
+            "current_numerics_class": numerics_class(state, space, resolved, kernels)}
 
 
 def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[str, Any] | None:

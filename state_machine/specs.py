@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-from state_machine.state import Candidate, RunState
+from state_machine.state import Candidate, RunState, loosest
+from targets.protocol import KnobSpace
 from targets.worker_protocol import Mode, WorkerRequest
 
 
@@ -25,6 +26,14 @@ def candidate_config(state: RunState, candidate: Candidate) -> dict[str, Any]:
 
 def candidate_kernels(state: RunState, candidate: Candidate) -> dict[str, str]:
     return {**state.incumbent.kernels, **candidate.kernels}
+
+
+def numerics_class(state: RunState, space: KnobSpace, resolved: Mapping[str, Any], kernels: Mapping[str, str]) -> str:
+    """The promise a configuration is held to: the loosest among its changes from the baseline (a kernel
+    replacement reorders math)."""
+    base = space.resolve(state.baseline_config)
+    classes = [space[name].numerics_of(value) for name, value in resolved.items() if base[name] != value]
+    return loosest(classes + (["reorder"] if kernels else []))
 
 
 def _source_hashes(kernels: Mapping[str, str]) -> dict[str, str]:

@@ -15,9 +15,11 @@ own target is searched too.
 
 Learning within the run: a change that was rejected is not proposed again, nor any part of it (a
 rejected ``{a, b}`` rules out ``{a}``), but a larger change that holds it is: host tables with a fused
-update can be slower while the device cache with the same fused update is SparseGear's fast path. One
-exception: a change that measured no-difference while leaning faster (ratio below 1) is tried once more
-when the run has since made the incumbent ``RETRY_AFTER`` times faster. What such a change saves is
+update can be slower while the device cache with the same fused update is SparseGear's fast path. Two
+exceptions (``_retryable``): a change that measured no-difference while leaning faster (ratio below 1) is
+tried once more when the run has since made the incumbent ``RETRY_AFTER`` times faster; and one that broke
+its numerics bands is tried once more when the incumbent has since taken a change of a looser class, under
+which every later candidate is judged (at `xl`, the fused Triton tail before and after TF32 matmuls). What such a change saves is
 mostly fixed time (launches, host work), a larger share of the shorter step: at `large` the dense CUDA
 graphs measured 0.959 (interval 0.854-1.048) against a 14 ms incumbent that later ran at 9.4 ms. The
 sweep leaves out the values the incumbent went past: one an accepted change moved a knob away from (it
@@ -44,7 +46,8 @@ from typing import Any, Iterator, Mapping
 from profilers.records import Finding
 from state_machine.context import RunContext
 from state_machine.proposers import Proposal
-from state_machine.state import Evaluated, RunState
+from state_machine.specs import numerics_class
+from state_machine.state import NUMERICS_ORDER, Evaluated, RunState
 from targets.protocol import ConfigError, Knob, KnobSpace
 
 GENERIC_PLAUSIBILITY = 0.15
@@ -171,21 +174,45 @@ def _speedups(state: RunState) -> dict[int | None, float]:
     return out
 
 
-def _retryable(state: RunState) -> dict[Pairs, tuple[Evaluated, float]]:
-    """Knob patches rejected once, when timed, with a ratio below 1, against an incumbent that the run has since
-    made ``RETRY_AFTER`` times faster (by the estimated speedups): (knob, value) pairs -> (that rejection, how
-    many times faster the incumbent is now)."""
+def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
+    """Knob patches rejected once that are worth one more try, each with why (the start of its new rationale):
+
+    - timed no-difference with a ratio below 1 against an incumbent that the run has since made ``RETRY_AFTER``
+      times faster (by the estimated speedups);
+    - broken numerics under a class stricter than the one the same patch is held to now: every candidate is
+      held to the loosest promise among its changes from the baseline (``specs.numerics_class``), so a patch
+      tried before the incumbent took a precision change (TF32 matmuls) was held to the reorder bands, and the
+      same patch tried after it to the precision bands, as every later candidate is. At `xl` on an H200
+      (2026-11-30) the fused Triton tail broke the reorder band as candidate #1 (2.9e-5 against 1.7e-5 at step
+      3); #4 took TF32 matmuls, which also make the Triton tail's fp32 products TF32 ones."""
     speedups, now = _speedups(state), state.incumbent.est_speedup
-    rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch]
+    rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch and not e.candidate.kernels]
     times = Counter(_pairs(e.candidate.patch) for e in rejections)
-    return {_pairs(e.candidate.patch): (e, now / speedups[e.incumbent_id]) for e in rejections
-            if times[_pairs(e.candidate.patch)] == 1 and not e.candidate.kernels and e.verdict.stage == "measure"
-            and e.verdict.ratio is not None and e.verdict.ratio < 1.0 and e.incumbent_id in speedups
-            and now >= RETRY_AFTER * speedups[e.incumbent_id]}
+    current_kernels = dict(state.incumbent.kernels)
+    again = {}
+    for e in (e for e in rejections if times[_pairs(e.candidate.patch)] == 1):
+        v, cid = e.verdict, e.candidate.id
+        if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
+                and now >= RETRY_AFTER * speedups[e.incumbent_id]):
+            again[_pairs(e.candidate.patch)] = (
+                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) against an incumbent "
+                f"the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
+        elif v.stage == "validate" and v.numerics_class in NUMERICS_ORDER:
+            try:
+                resolved = space.resolve({**state.incumbent.config, **e.candidate.patch})
+            except ConfigError:
+                continue
+            held_to = numerics_class(state, space, resolved, current_kernels)
+            if NUMERICS_ORDER.index(held_to) > NUMERICS_ORDER.index(v.numerics_class):
+                again[_pairs(e.candidate.patch)] = (
+                    f"tried again: candidate #{cid} was held to the {v.numerics_class} bands ({v.reason}); on top of "
+                    f"the incumbent, which has since taken a {held_to} change, the same patch is held to the "
+                    f"{held_to} bands, as every candidate after that change is")
+    return again
 
 
 def _tried(state: RunState, space: KnobSpace,
-           again: Mapping[Pairs, Any]) -> tuple[list[tuple[Pairs, bool]], list[dict[str, Any]]]:
+           again: Mapping[Pairs, str]) -> tuple[list[tuple[Pairs, bool]], list[dict[str, Any]]]:
     """The rejected candidates' patches as (knob, value) pairs (less those in ``again``, to try once more), each
     with whether it rules out its parts too (a host-and-device pair does not), and the resolved configs of every
     knob-only candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is
@@ -332,7 +359,7 @@ def _sweepable(knob: Knob, value: Any, current: Mapping[str, Any], device: str, 
 def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Proposal]:
     """The ``limit`` most promising untried knob patches (empty when nothing is left to try)."""
     space = ctx.target.knob_space
-    again = _retryable(state)
+    again = _retryable(state, space)
     rejected, seen = _tried(state, space, again)
     current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
@@ -347,12 +374,8 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue
-        if (retry := again.get(_pairs(proposal.patch))) is not None:
-            earlier, faster = retry
-            proposal = replace(proposal, rationale=(
-                f"tried again: candidate #{earlier.candidate.id} measured {earlier.verdict.ratio:.3f} "
-                f"(rejected: {earlier.verdict.reason}) against an incumbent the run has since made "
-                f"x{faster:.2f} faster; {proposal.rationale}"))
+        if (why := again.get(_pairs(proposal.patch))) is not None:
+            proposal = replace(proposal, rationale=f"{why}; {proposal.rationale}")
         chosen.append(proposal)
         if len(chosen) == limit:
             break

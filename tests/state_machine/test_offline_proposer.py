@@ -130,17 +130,19 @@ LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "spar
 
 
 def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
-    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio]), each
+    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio, or the
+    numerics class whose bands it broke at validation]), each
     candidate measured against the incumbent of its time, and the findings of `profile` (that run's profile
     of its incumbent)."""
     result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
     history, config, incumbent, est = [], dict(base), None, 1.0
     for cid, patch, accepted, *ratio in steps:
         ratio = ratio[0] if ratio else None
+        broke = ratio if isinstance(ratio, str) else None  # a numerics class: rejected at validation under it
+        verdict = Verdict(accepted=accepted, stage="validate" if broke else "measure", reason="as in that run",
+                          ratio=None if broke else ratio, numerics_class=broke)
         history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
-                                 config={**config, **patch},
-                                 verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run",
-                                                 ratio=ratio)))
+                                 config={**config, **patch}, verdict=verdict))
         if accepted:
             config, incumbent, est = {**config, **patch}, cid, est / (ratio or 1.0)
     resolved = ctx.target.knob_space.resolve(config)
@@ -360,3 +362,29 @@ def test_the_session_13_large_run_stopped_one_candidate_short_of_pinned_prefetch
     assert [p.proposer for p in proposals[:3]] == ["offline:pinned-prefetch", "offline:fused-optimizer",
                                                    "offline:foreach-optimizer"]
     assert proposals[0].patch == {"pin_memory": True, "prefetch_to_device": True}
+
+
+XL_HISTORY = [  # the first xl run on an H200 (2026-11-30, session 14), its 13 decided candidates
+    (1, {"tail_backend": "triton-fused-loss"}, False, "reorder"), (2, {"tail_backend": "triton"}, False, "reorder"),
+    (3, {"precision": "bf16-autocast"}, False, "precision"), (4, {"matmul_precision": "high"}, True, 0.9827),
+    (5, {"tail_backend": "slots"}, True, 0.3992), (6, {"embedding_grad_mode": "fused"}, True, 0.6645),
+    (7, {"data_workers": 2}, False, 1.022), (8, {"pack_batches": True}, True, 0.9604),
+    (9, {"data_workers": 4}, False, 1.002), (10, {"embedding_grad_mode": "sparse"}, False, 1.136),
+    (11, {"embedding_backend": "triton"}, False, 1.143), (12, {"precision": "bf16"}, False, "precision"),
+    (13, {"optimizer_impl": "for-loop"}, False, 0.989)]
+
+
+def test_the_xl_run_tries_the_fused_triton_tail_again_under_the_bands_it_is_now_held_to(state, ctx):
+    """Replayed on the real profile of the first `xl` run after its last win (#8) with its 13 candidates: the fused
+    Triton tail broke the reorder band as #1 (2.9e-5 against 1.7e-5); since #4 took TF32 matmuls every candidate
+    is held to the precision bands (#5, #6 and #8 were), so it comes back, first, with the unfused Triton tail.
+    The bf16 candidates broke the precision bands themselves and stay out."""
+    at = replayed(state, ctx, "h200_xl_after_8.json", "xl", {}, XL_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    patches = [p.patch for p in proposals]
+    assert patches[0] == {"tail_backend": "triton-fused-loss"}
+    assert proposals[0].rationale.startswith("tried again: candidate #1 was held to the reorder bands")
+    assert {"tail_backend": "triton"} in patches
+    assert {"precision": "bf16-autocast"} not in patches and {"precision": "bf16"} not in patches
+    before_tf32 = replayed(state, ctx, "h200_xl_after_8.json", "xl", {}, XL_HISTORY[:3])
+    assert {"tail_backend": "triton-fused-loss"} not in [p.patch for p in propose_offline(before_tf32, ctx, 200)]
