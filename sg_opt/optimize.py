@@ -97,33 +97,67 @@ def ranks_note(ranks: int) -> str:
 
 
 class LiveView:
-    """The run as it happens: the node running, the incumbent's speedup, the spend, the last verdicts."""
+    """The run as it happens: the node running, the incumbent's speedup, the spend, the last verdicts. Where the
+    console is not a terminal (a log file, CI), one line per event instead, so a log shows how far a run got
+    even when it is stopped (a terminal's live view is written to a file only when it ends)."""
 
     def __init__(self, console: Console, request: RunRequest):
         self.console, self.request = console, request
         self.node, self.state, self.last = "setup", None, []
         self.start = time.monotonic()
-        self.live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
+        self.as_lines = not console.is_terminal
+        self.live = None if self.as_lines else Live(self._render(), console=console, refresh_per_second=2,
+                                                    transient=False)
+
+    def __enter__(self) -> "LiveView":
+        if self.live is not None:
+            self.live.__enter__()
+        else:
+            self._line(f"run {self.request.run_id} ({self.request.target} @ {self.request.size}, "
+                       f"{self.request.device}{ranks_note(self.request.ranks)}, tier {self.request.tier})")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def _line(self, text: str) -> None:
+        self.console.print(f"[{time.monotonic() - self.start:6.0f} s] {text}", highlight=False, soft_wrap=True,
+                           markup=False)
 
     def on_event(self, record: dict[str, Any]) -> None:
         kind = record["event"]
         if kind == "decide":
             verdict = "accepted" if record["accepted"] else f"rejected at {record['stage']}"
             self.last = (self.last + [f"#{record['id']} {verdict}: {record['reason']}"])[-4:]
+            if self.as_lines:
+                self._line(self.last[-1])
             if record["accepted"]:
                 self.node = "diagnose: the new incumbent (its noise floor again, if much faster), profiling"
         elif kind == "recalibrate":
             self.node = "diagnose: profiling"
+            if self.as_lines:
+                self._line(f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after "
+                           f"#{record['after']} ({record['step_ms']:.2f} ms/step)")
         elif kind == "propose":
             self.node = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
+            if self.as_lines:
+                self._line(self.node)
         elif kind in ("baseline", "diagnose", "setup", "report"):
             self.node = {"setup": "baseline: numerics, A/A noise floor", "baseline": "diagnose: profiling",
                          "diagnose": "proposing", "report": "report"}[kind]
-        self.live.update(self._render())
+            if self.as_lines and kind == "baseline":
+                self._line(f"baseline {record['step_ms']:.2f} ms/step, noise floor "
+                           f"{100 * record['noise_floor']:.1f}%")
+            elif self.as_lines and kind == "report":
+                self._line(f"report written; stopped by {record.get('stop_reason')}")
+        if self.live is not None:
+            self.live.update(self._render())
 
     def on_update(self, node: str, state: RunState) -> None:
         self.state = state
-        self.live.update(self._render())
+        if self.live is not None:
+            self.live.update(self._render())
 
     def _render(self) -> Group:
         table = Table.grid(padding=(0, 2))
@@ -191,7 +225,7 @@ def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir
     else:
         view = LiveView(console, request)
         ctx.on_event = view.on_event
-        with view.live:
+        with view:
             final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
     written = run_dir / SUMMARY_FILE  # the report node wrote it from the same final state
     return final, (Summary.model_validate_json(written.read_text()) if written.is_file() else build_summary(final))

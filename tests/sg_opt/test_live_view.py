@@ -1,0 +1,57 @@
+"""The run's progress in a log file: one line per event where the console is not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from sg_opt.optimize import LiveView
+from sg_opt.run_store import RunRequest
+
+EVENTS = [
+    {"event": "setup"},
+    {"event": "baseline", "step_ms": 314.5, "noise_floor": 0.01},
+    {"event": "diagnose"},
+    {"event": "propose", "id": 1, "patch": {"tail_backend": "slots"}, "kernels": []},
+    {"event": "decide", "id": 1, "accepted": True, "stage": "measure", "reason": "faster twice"},
+    {"event": "recalibrate", "after": 1, "step_ms": 124.8, "noise_floor": 0.0165},
+    {"event": "propose", "id": 2, "patch": {"data_workers": 2}, "kernels": []},
+    {"event": "decide", "id": 2, "accepted": False, "stage": "measure", "reason": "no-difference"},
+    {"event": "report", "stop_reason": "max-minutes: 20.0 minutes used of 20"},
+]
+
+
+def view(terminal: bool) -> tuple[LiveView, io.StringIO]:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=200)
+    return LiveView(console, RunRequest(run_id="r1", target="haste-rec", size="xl", device="cuda")), out
+
+
+def test_a_log_gets_a_line_per_event_as_it_happens():
+    live, out = view(terminal=False)
+    with live:
+        for event in EVENTS[:5]:
+            live.on_event(event)
+        shown = out.getvalue()  # before the run ends: a stopped run's log still shows this much
+        for event in EVENTS[5:]:
+            live.on_event(event)
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert shown.count("\n") == 4
+    assert lines == ["run r1 (haste-rec @ xl, cuda, tier offline)",
+                     "baseline 314.50 ms/step, noise floor 1.0%",
+                     "evaluating #1 {'tail_backend': 'slots'}",
+                     "#1 accepted: faster twice",
+                     "noise floor 1.7% on the incumbent after #1 (124.80 ms/step)",
+                     "evaluating #2 {'data_workers': 2}",
+                     "#2 rejected at measure: no-difference",
+                     "report written; stopped by max-minutes: 20.0 minutes used of 20"]
+
+
+def test_a_terminal_gets_the_live_view():
+    live, out = view(terminal=True)
+    with live:
+        for event in EVENTS:
+            live.on_event(event)
+    assert live.live is not None and "incumbent" not in out.getvalue().split("\n")[0]
+    assert "#2 rejected at measure: no-difference" in out.getvalue()
