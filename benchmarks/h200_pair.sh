@@ -17,9 +17,12 @@
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
-# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt; 10 s on
-# the 2-core VM, not yet timed on a GPU: keep SLICE at 540 or below); where they fail, every worker starts as a
-# plain subprocess (SG_OPT_FORK_SERVER=0).
+# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt); where they
+# fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
+# SLICE counts from this script's start (DEADLINE, exported): the check and a lane's PRE_ command come out of it,
+# so both runs are stopped and packed in time. Leave the device call about 30 s over it for the packing (and the
+# wheels' install before the script): on 2026-11-30 a 540 s slice started after the check and the install
+# overran a 600 s call, and lane b's checkpoint of that call was never packed.
 # BENCH=0 leaves those re-measurements out (for a call whose limit the slices already fill; run `sg-opt bench --vs`
 # in the next call).
 # BENCH_LIMIT (seconds, default 400) bounds each re-measurement: keep it inside what is left of the call's limit
@@ -28,6 +31,7 @@
 #        B="SIZE=large-cached CONFIG=examples/haste_rec_large_cached.toml MINUTES=16" bash benchmarks/h200_pair.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; SLICE=${SLICE:-540}
+export DEADLINE=${DEADLINE:-$(( $(date +%s) + SLICE ))}  # every slice of this call ends by then
 cpus=$(nproc); half=$((cpus / 2))
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/sg-opt-cache}  # the runs' build cache, for the re-measurements too
 lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE

@@ -8,9 +8,9 @@
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
 # BENCH_LIMIT (seconds, default 400) bounds the re-measurement.
-# On a GPU, benchmarks/fork_server_check.sh runs first (10 s on the 2-core VM, not yet timed on a GPU:
-# keep SLICE at 540 or below); where it fails, workers start as plain subprocesses (FORK_CHECK=0 skips it, e.g.
-# on a warm machine's resume).
+# On a GPU, benchmarks/fork_server_check.sh runs first; where it fails, workers start as plain subprocesses
+# (FORK_CHECK=0 skips it, e.g. on a warm machine's resume). DEADLINE (epoch seconds; benchmarks/h200_pair.sh sets
+# it) ends the slice earlier when that comes first.
 # VS=0 leaves the re-measurement out (benchmarks/h200_pair.sh runs it after both of its runs have finished).
 # SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
 # there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).
@@ -28,6 +28,9 @@ if [ "${FORK_CHECK:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then  # workers fork only
 fi
 [ -n "${CARRY:-}" ] && [ -f "$CARRY" ] && [ -z "$(ls -A "$RUNS")" ] && tar xzf "$CARRY" -C "$RUNS"
 run=$(ls -d "$RUNS"/*/ 2>/dev/null | head -1)
+if [ -n "${DEADLINE:-}" ] && [ $(( DEADLINE - $(date +%s) )) -lt "$SLICE" ]; then
+    SLICE=$(( DEADLINE - $(date +%s) )); [ "$SLICE" -lt 1 ] && SLICE=1
+fi
 args=(--target haste-rec --size "$SIZE" --device "$DEVICE")
 [ -n "$CONFIG" ] && args+=(--config "$CONFIG")
 if [ -n "$run" ]; then
