@@ -30,7 +30,8 @@ from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasuremen
 from state_machine.time_budget import out_of_time
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
-from targets.worker_protocol import WorkerResult
+from targets.worker_protocol import WorkerRequest, WorkerResult
+from validators.ab_runner import PrestartKey, discard, prestart
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
@@ -284,15 +285,38 @@ def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[
 
 
 def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """Kernels against their references, then the training trajectory against the baseline's."""
-    cand, cls = state.current, state.current_numerics_class
+    """Kernels against their references, then the training trajectory against the baseline's. On a GPU the
+    candidate's timing workers start meanwhile (``ab_runner.prestart``), unless another lane's timing needs the
+    machine to itself; a rejected candidate's are killed."""
+    cand = state.current
     if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
         return rejected
+    ahead = None
+    if state.lane is None or state.plan.concurrent_timing:
+        ahead = prestart(incumbent_request(state, "bench"), candidate_request(state, cand, "bench"),
+                         state.plan.timeout_s)
+    updates = _numerics_verdict(state, ctx, ahead)
+    if updates["current_verdict"] is not None and ahead is not None:
+        discard(ahead)
+    return updates
+
+
+def _numerics_run(state: RunState, request: WorkerRequest, ahead: PrestartKey | None) -> WorkerResult:
+    """The candidate's numerics (or quality) run; one that fails beside workers started ahead runs once more
+    without them (it may have run out of device memory beside their builds)."""
+    result = run_worker(request, timeout_s=state.plan.timeout_s)
+    if not result.ok and ahead is not None:
+        discard(ahead)
+        result = run_worker(request, timeout_s=state.plan.timeout_s)
+    return result
+
+
+def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | None) -> dict[str, Any]:
+    cand, cls = state.current, state.current_numerics_class
     folder = _dir(state, "candidates", f"{cand.id:03d}")
     base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
     if cls == "model":
-        result = run_worker(candidate_request(state, cand, "quality", state.plan.quality_steps or 0),
-                            timeout_s=state.plan.timeout_s)
+        result = _numerics_run(state, candidate_request(state, cand, "quality", state.plan.quality_steps or 0), ahead)
         if not result.ok:
             return _reject("validate", f"the candidate's quality run failed ({_failure_text(result)})",
                            numerics_class=cls)
@@ -300,7 +324,7 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
         verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
                           quality_candidate=result.quality.metrics)
     else:
-        result = run_worker(candidate_request(state, cand, "numerics"), timeout_s=state.plan.timeout_s)
+        result = _numerics_run(state, candidate_request(state, cand, "numerics"), ahead)
         if not result.ok:
             return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
                            numerics_class=cls)

@@ -4,10 +4,18 @@
 ``validators.ab_worker`` children: pinned to one CPU set (``shared_cpus``), each in its own process
 group (under torchrun for a ranked side), read line by line against one deadline, killed with
 everything below them on exit. On a GPU both sides build at once; on a CPU one after the other.
+
+On a GPU the agent starts a candidate's measurement workers ahead (``prestart``), while the candidate's
+numerics run is still being judged: a timing worker at `large` on an H200 took 12.1 s to get ready (medians
+of 52, 2026-11-30), time that otherwise comes after the verdict, once per measured candidate. The measurement
+that asks for exactly those workers (same specs, labels, CPUs and code trees) adopts them; a rejected
+candidate's are killed (``discard``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run only after both are ready and the
+numerics run has ended, so the validation's work never overlaps a timed block.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -24,6 +32,7 @@ from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, device_
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 QUIT_GRACE_S = 10.0
+PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
 Side = Literal["a", "b"]
 
 
@@ -122,6 +131,72 @@ def overlap_builds(a: WorkerRequest, b: WorkerRequest) -> bool:
     return a.device.startswith("cuda") and b.device.startswith("cuda")
 
 
+PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...] | None, tuple[str | None, str | None]]
+
+
+class _Prestarted:
+    """Workers started ahead of their measurement, and the folder their requests live in."""
+
+    def __init__(self, key: PrestartKey, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory):
+        self.key, self.workers, self.folder = key, workers, folder
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close(graceful=False)
+        self.folder.cleanup()
+
+
+_prestarted: dict[PrestartKey, _Prestarted] = {}
+_prestarted_lock = threading.Lock()
+
+
+def _key(a: WorkerRequest, b: WorkerRequest, labels: tuple[str, str], cpus: Sequence[int] | None,
+         roots: tuple[str | None, str | None]) -> PrestartKey:
+    return (a.model_dump_json(), b.model_dump_json(), tuple(labels), tuple(cpus) if cpus is not None else None,
+            tuple(roots))
+
+
+def _spawn(specs: dict[str, WorkerRequest], labels: dict[str, str], folder: str, cpus: Sequence[int] | None,
+           roots: dict[str, str | None], timeout_s: float, sides: Sequence[str]) -> dict[str, _Worker]:
+    return {side: _Worker(specs[side], labels[side], Path(folder) / f"{side}.json", cpus, roots[side], timeout_s)
+            for side in sides}
+
+
+def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
+             labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
+             roots: tuple[str | None, str | None] = (None, None), force: bool = False) -> PrestartKey | None:
+    """Start the two workers of a coming ``ABRunner`` with these arguments now; it adopts them. Only where both
+    sides build at once (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the
+    cores of the work they are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
+    if not (force or (overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
+        return None
+    cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
+    key = _key(a, b, labels, cpus, roots)
+    discard(key)
+    folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+    workers = _spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus, dict(zip("ab", roots)),
+                     timeout_s, ("a", "b"))
+    with _prestarted_lock:
+        _prestarted[key] = _Prestarted(key, workers, folder)
+    return key
+
+
+def _adopt(key: PrestartKey) -> _Prestarted | None:
+    with _prestarted_lock:
+        return _prestarted.pop(key, None)
+
+
+def discard(key: PrestartKey | None = None) -> None:
+    """Kill the workers started ahead under ``key`` (None: all of them), if no measurement adopted them."""
+    with _prestarted_lock:
+        gone = [_prestarted.pop(k) for k in ([key] if key is not None else list(_prestarted)) if k in _prestarted]
+    for entry in gone:
+        entry.close()
+
+
+atexit.register(discard)
+
+
 class ABRunner:
     """Two live workers, started and warmed up (at once on a GPU, else one after the other), always torn
     down on exit; ``roots`` are the code trees they run in (None: the caller's)."""
@@ -137,25 +212,47 @@ class ABRunner:
         self.ready_s: dict[str, float] = {}  # seconds from the start of the workers to each one's ready line
 
     def __enter__(self) -> "ABRunner":
-        start = time.monotonic()
-        self.deadline = start + self.timeout_s
-        self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+        self.deadline = time.monotonic() + self.timeout_s
+        ahead = _adopt(_key(self.specs["a"], self.specs["b"], (self.labels["a"], self.labels["b"]), self.cpus,
+                            (self.roots["a"], self.roots["b"])))
+        self.adopted = False
+        if ahead is not None:
+            try:
+                self._wait_ready(ahead.workers, ahead.folder)
+                self.adopted = True
+                return self
+            except SideFailed:  # e.g. out of memory while building beside the numerics run: start afresh
+                ahead.close()
+                self.workers, self.ready, self.ready_s = {}, {}, {}
         try:
-            overlap = overlap_builds(*self.specs.values())
-            for side, spec in self.specs.items():
-                self.workers[side] = _Worker(spec, self.labels[side], Path(self._folder.name) / f"{side}.json",
-                                             self.cpus, self.roots[side], self.timeout_s)
-                if not overlap:
-                    self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
-                    self.ready_s[side] = time.monotonic() - start
-            for side, worker in self.workers.items():
-                if side not in self.ready:
-                    self.ready[side] = worker.receive(self.deadline, "ready line")
-                    self.ready_s[side] = time.monotonic() - start
+            self._start()
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise
         return self
+
+    def _start(self) -> None:
+        start = time.monotonic()
+        self._folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+        overlap = overlap_builds(*self.specs.values())
+        for side in self.specs:
+            self.workers.update(_spawn(self.specs, self.labels, self._folder.name, self.cpus, self.roots,
+                                       self.timeout_s, (side,)))
+            if not overlap:
+                self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
+                self.ready_s[side] = time.monotonic() - start
+        for side, worker in self.workers.items():
+            if side not in self.ready:
+                self.ready[side] = worker.receive(self.deadline, "ready line")
+                self.ready_s[side] = time.monotonic() - start
+
+    def _wait_ready(self, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory) -> None:
+        """Take over workers started ahead; their ready time is the worker's own (its stamps), from its spawn."""
+        self.workers, self._folder = workers, folder
+        for side, worker in workers.items():
+            self.ready[side] = worker.receive(self.deadline, "ready line")
+            stamps = self.ready[side].get("stamps") or {}
+            self.ready_s[side] = stamps["warm"] - worker.spawned if "warm" in stamps else 0.0
 
     def startup(self, side: Side) -> dict[str, float] | None:
         """Where a side's start-up went, in seconds: the interpreter and imports ("start": from the spawn until
