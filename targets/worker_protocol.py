@@ -39,8 +39,8 @@ class WorkerRequest(BaseModel):
                                                     "A/B runner's own choice (validators.ab_runner.shared_cpus)")
     reassociate: bool = Field(False, description="numerics mode only: skip the deterministic set-up (one CPU thread, "
                                                  "deterministic CUDA algorithms), so float association may change, "
-                                                 "and nudge the dense parameters by one fp32 rounding if the "
-                                                 "session can (Session.perturb)")
+                                                 "and nudge the dense parameters by one fp32 rounding before "
+                                                 "every step if the session can (Session.perturb)")
 
 
 class Failure(BaseModel):

@@ -95,3 +95,43 @@ def test_a_cpu_worker_without_a_thread_count_keeps_torchs_default():
     result = _run("ok", env={**scrubbed_env(), "OMP_NUM_THREADS": "1"})
     assert result.ok, result.failure
     assert result.environment.threads == 1
+
+
+class _CountingSession:
+    """Just enough of a Session to see when run_numerics nudges it."""
+
+    record_grad_norms = False
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def perturb(self, relative: float, seed: int) -> None:
+        self.events.append(("perturb", relative, seed))
+
+    def step(self) -> float:
+        self.events.append(("step",))
+        return 1.0
+
+    def grad_norms(self) -> dict:
+        return {"all": 1.0}
+
+    def probe(self) -> dict:
+        return {"out": [1.0]}
+
+    def param_digest(self) -> dict:
+        return {"sha256": "x"}
+
+    def counters(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("reassociate", [False, True])
+def test_a_reassociated_numerics_run_is_nudged_by_a_rounding_before_every_step(reassociate):
+    from targets.worker import FP32_UNIT_ROUNDOFF, run_numerics
+    session = _CountingSession()
+    run_numerics(session, WorkerRequest(target="haste-rec", size="tiny", mode="numerics", steps=3, seed=5,
+                                        reassociate=reassociate))
+    if reassociate:
+        assert session.events == [e for s in range(3) for e in (("perturb", FP32_UNIT_ROUNDOFF, 6 + s), ("step",))]
+    else:
+        assert session.events == [("step",)] * 3

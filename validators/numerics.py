@@ -22,7 +22,9 @@ traced to a stated number and its reason:
   small over 30 steps.
   Some workloads amplify rounding faster than that (a high learning rate early in training); the
   agent measures it at baseline time by running the baseline twice, once deterministic and once free
-  to reassociate from parameters nudged by one fp32 rounding, and ``calibrate_reorder`` widens the
+  to reassociate with its dense parameters nudged by one fp32 rounding before every step (a reordering
+  kernel differs by a rounding at every step; nudged once, `xl`'s baseline drifted 12 times less than
+  its correct Triton tails), and ``calibrate_reorder`` widens the
   bands to ``REORDER_SAFETY`` = 3 times that self-drift, at most ``REORDER_MAX_SCALE`` = 10 times the
   fixed bands. Where the self-drift at one point (a step's loss and grad norms, one probe output, one
   parameter norm) is larger still, that point's band follows it: 3 times the drift there, at most
@@ -290,9 +292,10 @@ def _step_drift(a: NumericsData, b: NumericsData) -> Iterator[tuple[float, str]]
 
 def calibrate_reorder(deterministic: NumericsData, reordered: NumericsData) -> ReorderCalibration:
     """The reorder bands for this workload, from two runs of the SAME config: one deterministic,
-    one free to reassociate (nondeterministic CUDA atomics, all CPU threads) and started from
-    parameters nudged by one fp32 rounding (where the target offers ``Session.perturb``), so that the
-    run shows how far this workload's training carries a rounding-sized difference.
+    one free to reassociate (nondeterministic CUDA atomics, all CPU threads) with its parameters nudged by
+    one fp32 rounding before every step (where the target offers ``Session.perturb``; ``targets.worker.
+    run_numerics``), so that the run shows how far this workload's training carries rounding-sized
+    differences made at every step, as a reordering kernel makes them.
 
     The fixed bands assume rounding grows by 10% a step. A workload that amplifies rounding faster
     (a high learning rate early in training) shows it on itself: its own reassociation already moves
