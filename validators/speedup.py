@@ -85,6 +85,10 @@ Verdict = Literal["faster", "slower", "no-difference", "failed"]
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_FLOOR = 0.01
+# An A/A run may end at half its blocks (at least this many a side) when its bias plus half-width is already below
+# half of MIN_FLOOR there: its floor is MIN_FLOOR either way, unless the second half differed several-fold. `xl`'s
+# baseline on an H200 (2026-11-30) had 0.08% and 0.17% after 40 blocks, in A/A runs of 110 s each.
+SETTLED_MIN_BLOCKS = 10
 MAX_STEP_FACTOR = 32  # the faster side runs at most this many times the slower side's steps per block
 DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
 DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run
@@ -214,7 +218,8 @@ class ABResult(BaseModel):
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see pooled)")
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
-                                               "steadier_of_two)")
+                                               "steadier_of_two), or why it ran fewer blocks than asked "
+                                               "(measure_ab's settled_below)")
 
 
 class NoiseFloor(BaseModel):
@@ -273,10 +278,11 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                label_a: str = "incumbent", label_b: str = "candidate", *,
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
                cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None),
-               block_seconds: float = 0.0) -> ABResult:
+               block_seconds: float = 0.0, settled_below: float | None = None) -> ABResult:
     """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``), each
     in its code tree of ``roots`` (None: the caller's), in blocks of at least ``block_seconds`` (see
-    ``equal_time_steps``); ``failed`` verdicts carry the failure."""
+    ``equal_time_steps``); ``failed`` verdicts carry the failure. With ``settled_below``, the run ends at half
+    its blocks when its bias plus half-width there is already below that (``calibrate_noise_floor``)."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
@@ -298,8 +304,17 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 settle = {side: runner.run(side, side_steps[side]) for side in ("a", "b")}
                 side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             common["side_steps"] = side_steps
-            for side in order:
+            half = blocks // 2
+            for i, side in enumerate(order):
                 times[side].append(runner.run(side, side_steps[side]))
+                if settled_below is not None and i + 1 == 2 * half and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS:
+                    early = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
+                    bound = abs(1.0 - early.ratio) + (early.ci_high - early.ci_low) / 2.0
+                    if bound < settled_below:
+                        common.update(blocks=half, order=order[:2 * half], note=(
+                            f"stopped after {half} of {blocks} blocks a side: bias plus half-width {bound:.4f} "
+                            f"was already below {settled_below:.4f}"))
+                        break
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
@@ -326,7 +341,8 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
     runs = []
     for r in range(repeats):
         run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
-                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root), block_seconds=block_seconds)
+                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root), block_seconds=block_seconds,
+                         settled_below=MIN_FLOOR / 2)
         if on_run is not None:
             on_run(run)
         if run.failure is not None:

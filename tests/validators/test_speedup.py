@@ -391,3 +391,25 @@ def test_stalled_blocks_mark_a_measurement_disturbed():
     assert not disturbed(run, 0.011)
     run.a.block_medians = [0.100, 0.140]  # 40%: disturbed on a GPU (floor 0.011), noise on a busy CPU box
     assert disturbed(run, 0.011) and not disturbed(run, 0.10)
+
+
+@pytest.mark.parametrize("settled_below, blocks", [(1.0, 10), (0.0, 20)])
+def test_an_aa_run_already_settled_at_half_its_blocks_ends_there(settled_below, blocks):
+    """An A/A run whose bias plus half-width at half its blocks is below ``settled_below`` stops there and says
+    so; one that is not runs all its blocks. Either way each side went first equally often."""
+    steady = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
+                           config={"behaviour": "slow"})
+    result = measure_ab(steady, steady, blocks=20, steps_per_block=2, timeout_s=120, label_a="A1", label_b="A2",
+                        floor=0.01, settled_below=settled_below)
+    assert result.failure is None and result.blocks == blocks == len(result.a.block_medians)
+    assert len(result.order) == 2 * blocks and result.order[:2 * blocks] == block_order(20)[:2 * blocks]
+    assert [result.order[::2].count("a"), result.order[1::2].count("a")] == [blocks // 2, blocks // 2]
+    assert (result.note or "").startswith("stopped after 10 of 20 blocks") == (blocks == 10)
+
+
+def test_calibration_asks_its_aa_runs_to_stop_once_settled_below_half_the_minimum_floor(monkeypatch):
+    asked = []
+    monkeypatch.setattr(speedup, "measure_ab", lambda *a, **kw: asked.append(kw["settled_below"])
+                        or result_for(INCUMBENT, INCUMBENT, verdict="no-difference", ratio=1.0))
+    calibrate_noise_floor(INCUMBENT, 40, 3, 60, repeats=2)
+    assert asked == [speedup.MIN_FLOOR / 2] * 2
