@@ -84,6 +84,9 @@ def time_line(s: Summary) -> str:
     if (w := s.worker_startup) is not None:
         line += (f" A timing worker got ready in {w.ready_s:.1f} s (medians of {w.workers}): "
                  f"start and imports {w.start_s:.1f}, build {w.build_s:.1f}, warm-up {w.warmup_s:.1f}.")
+        if w.started_ahead:
+            line += (f" {w.started_ahead} measurement(s) found their workers started during the candidate's "
+                     f"validation.")
     return line
 
 

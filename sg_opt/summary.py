@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -81,6 +81,8 @@ class WorkerStartup(BaseModel):
     start_s: float = Field(description="interpreter start and imports")
     build_s: float = Field(description="building the session (model, data, kernels)")
     warmup_s: float = Field(description="the warm-up steps")
+    started_ahead: int = Field(0, description="measurements whose two workers were started during the candidate's "
+                                              "validation (validators.ab_runner.prestart)")
 
 
 class NumericsVerdict(BaseModel):
@@ -323,34 +325,38 @@ MEASUREMENT_FILES = ("baseline/calibration.json", "candidates/*/calibration.json
                      "final_ab*.json")
 
 
-def _startups(found: Any) -> list[dict[str, float]]:
-    """Every side's ``startup`` split in a measurement file's JSON (an A/B, an A/A calibration, a final A/B)."""
+def _records(found: Any) -> Iterator[dict[str, Any]]:
+    """Every JSON object inside a measurement file's JSON, nested ones included."""
     if isinstance(found, list):
-        return [x for item in found for x in _startups(item)]
-    if not isinstance(found, dict):
-        return []
-    here = [found["startup"]] if isinstance(found.get("startup"), dict) else []
-    return here + [x for key, value in found.items() if key != "startup" for x in _startups(value)]
+        for item in found:
+            yield from _records(item)
+    elif isinstance(found, dict):
+        yield found
+        for value in found.values():
+            yield from _records(value)
 
 
 def _worker_startup(run_dir: Path) -> WorkerStartup | None:
     """Medians over every timing worker of the run. The quoted final A/B is a copy of one of the runs kept beside
     it, so each worker's split (three wall-clock differences) is counted once."""
     splits: dict[tuple[float, float, float], None] = {}
+    ahead = 0
     for pattern in MEASUREMENT_FILES:
         for path in sorted(run_dir.glob(pattern)):
             try:
-                found = _startups(json.loads(path.read_text(encoding="utf-8")))
+                records = list(_records(json.loads(path.read_text(encoding="utf-8"))))
             except (OSError, json.JSONDecodeError):
                 continue  # a file torn by a kill
+            found = [r["startup"] for r in records if isinstance(r.get("startup"), dict)]
             splits.update({(x["start"], x["build"], x["warmup"]): None for x in found
                            if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))})
+            ahead += sum(1 for r in records if r.get("started_ahead") is True and "final_ab" not in path.name)
     if not splits:
         return None
     start, build, warmup = (np.array(column) for column in zip(*splits))
     return WorkerStartup(workers=len(splits), ready_s=float(np.median(start + build + warmup)),
                          start_s=float(np.median(start)), build_s=float(np.median(build)),
-                         warmup_s=float(np.median(warmup)))
+                         warmup_s=float(np.median(warmup)), started_ahead=ahead)
 
 
 def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:

@@ -11,8 +11,8 @@ A child gets what a fresh ``python -m MODULE ARGS`` would: its own environment, 
 sys.path (its working directory, then its PYTHONPATH, then the interpreter's own paths), CPU set,
 session and standard streams. The server imports nothing of this project (so a candidate's code tree
 imports its own modules), never initialises CUDA (a forked CUDA context is unusable: a server whose
-imports called cuInit refuses to serve; merely mapping the driver, as torch's CUDA build does, is fine), and is started again whenever the
-caller's environment changes in anything but the per-worker variables, as torch reads some of it at
+imports called cuInit refuses to serve; merely mapping the driver, as torch's CUDA build does, is fine),
+and is started again whenever the caller's environment changes in anything but the per-worker variables, as torch reads some of it at
 import. Exit statuses come back through one pipe per child, written by the server when it reaps it.
 
 ``SG_OPT_FORK_SERVER=0`` starts every worker as a plain subprocess; so does any failure of the server.

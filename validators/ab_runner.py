@@ -9,8 +9,9 @@ On a GPU the agent starts a candidate's measurement workers ahead (``prestart``)
 numerics run is still being judged: a timing worker at `large` on an H200 took 12.1 s to get ready (medians
 of 52, 2026-11-30), time that otherwise comes after the verdict, once per measured candidate. The measurement
 that asks for exactly those workers (same specs, labels, CPUs and code trees) adopts them; a rejected
-candidate's are killed (``discard``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run only after both are ready and the
-numerics run has ended, so the validation's work never overlaps a timed block.
+candidate's are killed (``discard``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run
+only after both are ready and the numerics run has ended, so the validation's work never overlaps a
+timed block.
 """
 
 from __future__ import annotations
@@ -215,11 +216,11 @@ class ABRunner:
         self.deadline = time.monotonic() + self.timeout_s
         ahead = _adopt(_key(self.specs["a"], self.specs["b"], (self.labels["a"], self.labels["b"]), self.cpus,
                             (self.roots["a"], self.roots["b"])))
-        self.adopted = False
+        self.started_ahead = False
         if ahead is not None:
             try:
                 self._wait_ready(ahead.workers, ahead.folder)
-                self.adopted = True
+                self.started_ahead = True
                 return self
             except SideFailed:  # e.g. out of memory while building beside the numerics run: start afresh
                 ahead.close()

@@ -217,6 +217,8 @@ class ABResult(BaseModel):
     wall_s: float = 0.0
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see pooled)")
+    started_ahead: bool = Field(False, description="its workers were started before it, while the candidate's "
+                                                   "numerics run was judged (ab_runner.prestart)")
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
                                                "steadier_of_two), or why it ran fewer blocks than asked "
                                                "(measure_ab's settled_below)")
@@ -315,6 +317,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                             f"stopped after {half} of {blocks} blocks a side: bias plus half-width {bound:.4f} "
                             f"was already below {settled_below:.4f}"))
                         break
+            common["started_ahead"] = runner.started_ahead
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)

@@ -245,3 +245,18 @@ def test_a_host_bound_gpu_step_is_said_to_be_held_back_by_its_host_work():
     last = s.phases[-1]
     lighter = last.model_copy(update={"host_work_ms": {k: v / 2 for k, v in last.host_work_ms.items()}})
     assert "host-bound" not in report_markdown(s.model_copy(update={"phases": [*s.phases[:-1], lighter]}))
+
+
+def test_the_report_counts_the_measurements_whose_workers_started_during_validation(tmp_path):
+    from sg_opt.report import time_line
+    from sg_opt.summary import _worker_startup
+    split = {"start": 1.0, "build": 2.0, "warmup": 0.5}
+    measured = {"a": {"startup": split}, "b": {"startup": split}}
+    for cid, ahead in (("001", True), ("002", False), ("003", True)):
+        (tmp_path / "candidates" / cid).mkdir(parents=True)
+        (tmp_path / "candidates" / cid / "ab.json").write_text(json.dumps(
+            {"runs": [{**measured, "started_ahead": ahead}, {**measured, "started_ahead": False}]}))
+    w = _worker_startup(tmp_path)
+    assert w.started_ahead == 2
+    line = time_line(SimpleNamespace(wall_s=60.0, node_s={}, worker_startup=w))
+    assert line.endswith("2 measurement(s) found their workers started during the candidate's validation.")
