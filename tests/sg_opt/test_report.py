@@ -248,6 +248,8 @@ def test_a_host_bound_gpu_step_is_said_to_be_held_back_by_its_host_work():
 
 
 def test_the_report_counts_the_measurements_whose_workers_started_during_validation(tmp_path):
+    from types import SimpleNamespace
+
     from sg_opt.report import time_line
     from sg_opt.summary import _worker_startup
     split = {"start": 1.0, "build": 2.0, "warmup": 0.5}
