@@ -17,8 +17,9 @@
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
 # its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
-# Before the runs, the fork server's and the digest's tests run on the GPU ($OUT/fork_server_check.txt); where they
-# fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0).
+# Before the runs, benchmarks/gpu_worker_checks.sh tests on the GPU how workers start ($OUT/gpu_worker_checks.txt):
+# where the fork server's tests fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0); where those
+# of timing workers started during validation fail, they start when measured (SG_OPT_PRESTART=0).
 # SLICE counts from this script's start (DEADLINE, exported): the check and a lane's PRE_ command come out of it,
 # so both runs are stopped and packed in time. Leave the device call about 30 s over it for the packing (and the
 # wheels' install before the script): on 2026-11-30 a 540 s slice started after the check and the install
@@ -44,9 +45,9 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
         taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
 }
 mkdir -p "$OUT"; { nvidia-smi topo -m; lscpu | grep -i numa; } > "$OUT/topology.txt" 2>&1  # which CPUs are near which GPU
-# Workers fork from the fork server only where its tests pass on this machine's GPU (FORK_CHECK=0 skips them)
+# Workers fork, and start during validation, only where their tests pass on this machine's GPU (FORK_CHECK=0 skips them)
 if [ "${FORK_CHECK:-1}" = 1 ]; then
-    bash benchmarks/fork_server_check.sh "$OUT/fork_server_check.txt" || export SG_OPT_FORK_SERVER=0
+    eval "$(bash benchmarks/gpu_worker_checks.sh "$OUT/gpu_worker_checks.txt")"
 fi
 export FORK_CHECK=0  # checked once for both lanes
 lane a 0 0 "${A:?A= the settings of the first run}" "${CARRY_A:-}" "${PRE_A:-}" &

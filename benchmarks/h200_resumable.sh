@@ -8,9 +8,10 @@
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
 #
 # BENCH_LIMIT (seconds, default 400) bounds the re-measurement.
-# On a GPU, benchmarks/fork_server_check.sh runs first; where it fails, workers start as plain subprocesses
-# (FORK_CHECK=0 skips it, e.g. on a warm machine's resume). DEADLINE (epoch seconds; benchmarks/h200_pair.sh sets
-# it) ends the slice earlier when that comes first.
+# On a GPU, benchmarks/gpu_worker_checks.sh runs first: where the fork server's tests fail, workers start as
+# plain subprocesses; where those of workers started during validation fail, they start when measured
+# (FORK_CHECK=0 skips it, e.g. on a warm machine's resume). DEADLINE (epoch seconds; benchmarks/h200_pair.sh
+# sets it) ends the slice earlier when that comes first.
 # VS=0 leaves the re-measurement out (benchmarks/h200_pair.sh runs it after both of its runs have finished).
 # SEARCH=tpe makes it the Optuna TPE oracle of benchmarks/search_vs_optuna.py (compare the two finished runs
 # there with --rules-run/--tpe-run); GPUS=2 evaluates two candidates at a time (sg-opt optimize --gpus).
@@ -24,7 +25,7 @@ mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/sg-opt-cache}
 [ "$DEVICE" = cuda ] && unset TRITON_INTERPRET
 if [ "${FORK_CHECK:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then  # workers fork only where the fork server's tests pass
-    bash benchmarks/fork_server_check.sh "$OUT/fork_server_check.txt" || export SG_OPT_FORK_SERVER=0
+    eval "$(bash benchmarks/gpu_worker_checks.sh "$OUT/gpu_worker_checks.txt")"
 fi
 [ -n "${CARRY:-}" ] && [ -f "$CARRY" ] && [ -z "$(ls -A "$RUNS")" ] && tar xzf "$CARRY" -C "$RUNS"
 run=$(ls -d "$RUNS"/*/ 2>/dev/null | head -1)

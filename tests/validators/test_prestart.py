@@ -76,3 +76,19 @@ def test_the_switch_turns_it_off_on_a_gpu_too(spawns, monkeypatch):
     assert prestart(OK, SLOW, 60) is None and spawns == []
     monkeypatch.setenv(ab_runner.PRESTART_SWITCH, "1")
     assert prestart(OK, SLOW, 60) is not None and spawns == ["incumbent", "candidate"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_workers_started_beside_a_numerics_run_are_the_ones_timed(spawns):
+    """The agent's order on a GPU: the timing workers start, the candidate's numerics run beside them on the same
+    device, then the measurement adopts them."""
+    from targets.worker_client import run_worker
+    incumbent = WorkerRequest(target="haste-rec", size="tiny", mode="bench", device="cuda", warmup=1)
+    candidate = incumbent.model_copy(update={"config": {"embedding_grad_mode": "fused"}})
+    key = prestart(incumbent, candidate, 180)
+    assert key is not None and spawns == ["incumbent", "candidate"]
+    numerics = run_worker(candidate.model_copy(update={"mode": "numerics", "steps": 5}), timeout_s=180)
+    assert numerics.ok, numerics.failure
+    result = measure_ab(incumbent, candidate, blocks=2, steps_per_block=3, timeout_s=180)
+    assert result.failure is None, result.failure
+    assert result.started_ahead and spawns == ["incumbent", "candidate"]

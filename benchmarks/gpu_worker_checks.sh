@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The tests of how workers start, on this machine's GPU, written to $1; prints the switches that turn off what
+# failed, for the caller to apply:
+#   eval "$(bash benchmarks/gpu_worker_checks.sh "$OUT/gpu_worker_checks.txt")"
+# - the fork server and the parameter digest (tests/test_fork_server.py, tests/test_digest.py: a forked child
+#   gets its own GPU; a device tensor digests as its host copy); on failure SG_OPT_FORK_SERVER=0, so every
+#   worker starts as a plain subprocess;
+# - timing workers started during validation (tests/validators/test_prestart.py: on the GPU, beside a numerics
+#   run, then adopted by the measurement); on failure SG_OPT_PRESTART=0.
+set -uo pipefail
+check() {  # check SWITCH TEST_FILE...
+    local switch=$1; shift
+    echo "== $*" >> "$OUT_FILE"
+    if ! python3 -m pytest -q -p no:cacheprovider "$@" >> "$OUT_FILE" 2>&1; then
+        echo "failed: $switch=0 from here on" | tee -a "$OUT_FILE" >&2
+        echo "export $switch=0"
+    fi
+}
+OUT_FILE=$1; : > "$OUT_FILE"
+check SG_OPT_FORK_SERVER tests/test_fork_server.py tests/test_digest.py
+check SG_OPT_PRESTART tests/validators/test_prestart.py
