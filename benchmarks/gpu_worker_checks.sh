@@ -6,7 +6,9 @@
 #   gets its own GPU; a device tensor digests as its host copy); on failure SG_OPT_FORK_SERVER=0, so every
 #   worker starts as a plain subprocess;
 # - timing workers started during validation (tests/validators/test_prestart.py: on the GPU, beside a numerics
-#   run, then adopted by the measurement); on failure SG_OPT_PRESTART=0.
+#   run, then adopted by the measurement); on failure SG_OPT_PRESTART=0;
+# - packed batches through the loader's shared slots (tests/haste_rec/test_shared_ring.py: pinned and prefetched
+#   on the GPU, bitwise the training without workers); on failure SG_OPT_LOADER_RING=0.
 set -uo pipefail
 check() {  # check SWITCH TEST_FILE...
     local switch=$1; shift
@@ -19,3 +21,4 @@ check() {  # check SWITCH TEST_FILE...
 OUT_FILE=$1; : > "$OUT_FILE"
 check SG_OPT_FORK_SERVER tests/test_fork_server.py tests/test_digest.py
 check SG_OPT_PRESTART tests/validators/test_prestart.py
+check SG_OPT_LOADER_RING tests/haste_rec/test_shared_ring.py

@@ -111,8 +111,8 @@ class PackedLayout:
 @dataclass
 class PackedBatch:
     """A batch with its sparse features flattened into the embedding store's shared row space (what
-    ``TableLayout.flatten`` gives for a ``Batch``), every tensor a view of one byte buffer: the worker hands
-    the trainer one shared-memory storage, and one copy takes it to the device (at `large` on a 2-core VM,
+    ``TableLayout.flatten`` gives for a ``Batch``), every tensor a view of one byte buffer: a loader worker
+    hands the trainer one buffer (a shared slot, ``shared_ring``), and one copy takes it to the device (at `large` on a 2-core VM,
     taking a batch from 2 workers' full queues: medians 2.97 and 3.79 ms with three storages, 2.28 and 2.24
     with one; ``python benchmarks/loader_handover.py``).
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol
 
+import os
+
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from targets.haste_rec.batch import Batch
+from targets.haste_rec.shared_ring import RingLoader
+
+RING_SWITCH = "SG_OPT_LOADER_RING"  # "0": packed batches cross from loader workers as DataLoader storages
 
 PREFETCH_FACTOR = 4  # batches each loader worker builds ahead
 
@@ -48,7 +53,9 @@ class DeviceBatches:
 
     ``prefetch`` (CUDA only) copies batch i+1 to the device on a side stream while step i runs;
     without it each batch is copied when it is needed. ``prepare`` turns each built batch into what the
-    trainer takes (a ``PackedBatch`` under pack_batches), in the loader's workers when it has any.
+    trainer takes (a ``PackedBatch`` under pack_batches), in the loader's workers when it has any; packed
+    batches from workers cross through shared slots made once (``shared_ring.RingLoader``), other
+    batches as DataLoader storages.
     """
 
     def __init__(self, source: BatchSource, device: torch.device, workers: int = 0, pin_memory: bool = False,
@@ -57,9 +64,11 @@ class DeviceBatches:
         cuda = device.type == "cuda"
         self.device, self.sparse_on_device = device, sparse_on_device
         self.pin = pin_memory and cuda
-        self.loader = iter(DataLoader(BatchStream(source, start, prepare), batch_size=None, num_workers=workers,
-                                      pin_memory=self.pin, prefetch_factor=PREFETCH_FACTOR if workers else None,
-                                      persistent_workers=workers > 0))
+        self.ring = (RingLoader(source, prepare, workers, start, PREFETCH_FACTOR, pin=self.pin)
+                     if workers and prepare is not None and os.environ.get(RING_SWITCH, "1") != "0" else None)
+        self.loader = self.ring if self.ring is not None else iter(DataLoader(
+            BatchStream(source, start, prepare), batch_size=None, num_workers=workers, pin_memory=self.pin,
+            prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0))
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
         # Batches that can be built ahead of the step: the DataLoader keeps up to workers x PREFETCH_FACTOR
         # outstanding (built, being built or being pinned), and the side stream copies one more ahead.
@@ -68,13 +77,22 @@ class DeviceBatches:
         if self.stream is not None:
             self._next = self._copy_async(next(self.loader))
 
+    def _to_device(self, batch: Batch) -> Batch:
+        """The batch on the training device; a pinned ring slot's copy is asynchronous, so the slot waits for it."""
+        moved = batch.to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
+        if self.ring is not None and self.pin:
+            event = torch.cuda.Event()
+            event.record()
+            self.ring.copied(event)
+        return moved
+
     def _copy_async(self, batch: Batch) -> Batch:
         with torch.cuda.stream(self.stream):
-            return batch.to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
+            return self._to_device(batch)
 
     def __next__(self) -> Batch:
         if self.stream is None:
-            return next(self.loader).to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
+            return self._to_device(next(self.loader))
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         batch = self._next
         for t in batch.tensors():

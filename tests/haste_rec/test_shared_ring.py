@@ -1,0 +1,126 @@
+"""Packed batches from loader workers through shared slots made once: the same bytes in the same order as the
+DataLoader path, slots never rewritten while the trainer may still read them, failures raised."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import targets.haste_rec.shared_ring as shared_ring
+from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.loader import RING_SWITCH
+from targets.haste_rec.row_ops import TableLayout
+from targets.haste_rec.session import loader_first
+from targets.haste_rec.shared_ring import HOLD, RingLoader
+from targets.haste_rec.target import training_data
+
+CPU = torch.device("cpu")
+
+
+def batches(monkeypatch, ring: bool, workers: int, count: int, size: str = "tiny") -> list[bytes]:
+    monkeypatch.setenv(RING_SWITCH, "1" if ring else "0")
+    source, preset = training_data(size, 0)
+    config = KNOB_SPACE.resolve({"data_workers": workers, "pack_batches": True})
+    stream = loader_first(source, preset, config, CPU)
+    assert (stream.ring is not None) == ring
+    out = [bytes(next(stream).buffer.numpy()) for _ in range(count)]
+    if stream.ring is not None:
+        stream.ring.close()
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_the_ring_gives_the_bytes_the_dataloader_gives_in_the_same_order(monkeypatch, workers):
+    assert batches(monkeypatch, True, workers, 10) == batches(monkeypatch, False, workers, 10)
+
+
+def test_a_batch_is_not_rewritten_until_the_trainer_has_taken_hold_more():
+    source, preset = training_data("tiny", 0)
+    pack = TableLayout(preset.table_rows).pack
+    ring = RingLoader(source, pack, workers=2, slots_per_worker=1)
+    try:
+        taken, copies = [], []
+        for _ in range(12):
+            taken.append(next(ring))
+            copies.append(taken[-1].buffer.clone())  # the bytes as the trainer got them
+        assert all(torch.equal(c, pack(source.train_batch(i)).buffer) for i, c in enumerate(copies))
+        # the last HOLD batches' slots are still held, so their bytes are unchanged...
+        assert all(torch.equal(b.buffer, c) for b, c in zip(taken[-HOLD:], copies[-HOLD:]))
+        # ...while the first batches' slots have since been reused (2 workers x 3 slots for 12 batches)
+        assert ring.per_worker == 1 + 2
+        assert any(not torch.equal(b.buffer, c) for b, c in zip(taken[:4], copies[:4]))
+    finally:
+        ring.close()
+
+
+def test_a_batch_larger_than_its_slot_crosses_as_its_own_storage(monkeypatch):
+    monkeypatch.setattr(shared_ring, "SLOT_HEADROOM", 0.5)  # every slot too small
+    source, preset = training_data("tiny", 0)
+    pack = TableLayout(preset.table_rows).pack
+    ring = RingLoader(source, pack, workers=2)
+    try:
+        got = [next(ring).buffer for _ in range(6)]
+        assert all(torch.equal(g, pack(source.train_batch(i)).buffer) for i, g in enumerate(got))
+        assert not ring.out  # no slot held: each went straight back
+    finally:
+        ring.close()
+
+
+class _Failing:
+    def train_batch(self, index: int):
+        if index >= 3:
+            raise ValueError(f"no batch {index}")
+        return training_data("tiny", 0)[0].train_batch(index)
+
+
+def test_a_failing_worker_is_raised_in_the_trainer():
+    source, preset = training_data("tiny", 0)
+    failing = _Failing()
+    ring = RingLoader(failing, TableLayout(preset.table_rows).pack, workers=1)
+    try:
+        for _ in range(3):
+            next(ring)
+        with pytest.raises(RuntimeError, match="loader worker 0 failed: ValueError: no batch 3"):
+            next(ring)
+    finally:
+        ring.close()
+
+
+def test_closing_the_ring_ends_its_workers():
+    source, preset = training_data("tiny", 0)
+    ring = RingLoader(source, TableLayout(preset.table_rows).pack, workers=2)
+    next(ring)
+    procs = list(ring.procs)
+    ring.close()
+    assert all(not p.is_alive() for p in procs)
+
+
+def losses(config: dict, device: str, steps: int = 12) -> list[float]:
+    """The losses of a fresh session, deterministic as a numerics run is (class exact compares them bitwise),
+    leaving this process's thread count and algorithm settings as they were."""
+    from targets.haste_rec.target import build
+    from targets.worker import make_deterministic
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    make_deterministic(torch.device(device))
+    try:
+        session = build(KNOB_SPACE.resolve(config), "tiny", {}, device, 0)
+        return [float(session.step()) for _ in range(steps)]
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.mark.parametrize("placement", [{}, {"embedding_placement": "host", "embedding_grad_mode": "sparse"}])
+def test_training_from_the_ring_is_bitwise_the_training_without_workers(placement):
+    """The trainer reads the slots in place on the CPU (and host tables read their ids there on a GPU): a slot
+    rewritten too early would change the losses."""
+    packed = {"pack_batches": True, **placement}
+    assert losses({**packed, "data_workers": 2}, "cpu") == losses(packed, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("data", [{"pin_memory": True}, {"pin_memory": True, "prefetch_to_device": True},
+                                  {"prefetch_to_device": True}])
+def test_on_a_gpu_pinned_and_prefetched_slots_train_bitwise_alike(data):
+    packed = {"pack_batches": True, "embedding_grad_mode": "fused"}
+    assert losses({**packed, **data, "data_workers": 2}, "cuda") == losses(packed, "cuda")
