@@ -35,8 +35,12 @@ POLL_S = 1.0      # how often a waiting trainer checks that its workers are stil
 
 
 def _worker(source: Any, prepare: Callable[[Any], PackedBatch], slots: torch.Tensor, first: int, step: int,
-            free: Connection, filled: Connection) -> None:
-    """Build batches first, first + step, ... into the slots the trainer hands back, until it goes away."""
+            free: Connection, filled: Connection, trainers: list[Connection]) -> None:
+    """Build batches first, first + step, ... into the slots the trainer hands back, until it goes away.
+    ``trainers``: the trainer's ends of the workers forked before this one, closed here, so that each worker
+    sees its own pipe close when the trainer closes it."""
+    for conn in trainers:
+        conn.close()
     torch.set_num_threads(1)
     index = first
     try:
@@ -79,7 +83,8 @@ class RingLoader:
             free_recv, free_send = ctx.Pipe(duplex=False)
             filled_recv, filled_send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, args=(source, prepare, self.slots, start + w, workers, free_recv,
-                                                     filled_send), daemon=True, name=f"haste-rec-loader-{w}")
+                                                     filled_send, self.free + self.filled),
+                               daemon=True, name=f"haste-rec-loader-{w}")
             proc.start()
             free_recv.close()
             filled_send.close()
@@ -89,7 +94,8 @@ class RingLoader:
             for s in range(self.per_worker):
                 free_send.send(w * self.per_worker + s)
         if self.pinned:  # page-locked once, so each batch's copy to the GPU is asynchronous and direct
-            torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
+            status = torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
+            self.pinned = int(status) == 0  # if refused, copies stay synchronous (and correct)
         self.taken = 0
         self.out: deque[list[Any]] = deque()  # [worker, slot, copy event or None] of the batches taken, in order
         self._finalizer = weakref.finalize(self, RingLoader._shut, self.procs, self.free, self.filled,
@@ -123,10 +129,14 @@ class RingLoader:
 
     def _receive(self, worker: int) -> tuple:
         conn, proc = self.filled[worker], self.procs[worker]
-        while not conn.poll(POLL_S):
-            if not proc.is_alive():
-                raise RuntimeError(f"loader worker {worker} exited (code {proc.exitcode}) before its next batch")
-        return conn.recv()
+        try:
+            while not conn.poll(POLL_S):
+                if not proc.is_alive():
+                    raise EOFError
+            return conn.recv()
+        except EOFError:
+            proc.join(timeout=POLL_S)
+            raise RuntimeError(f"loader worker {worker} exited (code {proc.exitcode}) before its next batch") from None
 
     def close(self) -> None:
         self._finalizer()
@@ -141,4 +151,7 @@ class RingLoader:
                 proc.kill()
                 proc.join()
         if pinned is not None:
-            torch.cuda.cudart().cudaHostUnregister(pinned.data_ptr())
+            try:
+                torch.cuda.cudart().cudaHostUnregister(pinned.data_ptr())
+            except RuntimeError:  # at interpreter exit the CUDA context may be gone already
+                pass

@@ -124,3 +124,16 @@ def test_training_from_the_ring_is_bitwise_the_training_without_workers(placemen
 def test_on_a_gpu_pinned_and_prefetched_slots_train_bitwise_alike(data):
     packed = {"pack_batches": True, "embedding_grad_mode": "fused"}
     assert losses({**packed, **data, "data_workers": 2}, "cuda") == losses(packed, "cuda")
+
+
+def test_a_worker_that_dies_is_raised_in_the_trainer():
+    source, preset = training_data("tiny", 0)
+    ring = RingLoader(source, TableLayout(preset.table_rows).pack, workers=2)
+    try:
+        next(ring)
+        ring.procs[1].kill()
+        with pytest.raises(RuntimeError, match=r"loader worker 1 exited \(code -9\)"):
+            for _ in range(40):
+                next(ring)
+    finally:
+        ring.close()
