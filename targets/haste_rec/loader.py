@@ -71,8 +71,10 @@ class DeviceBatches:
             prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0))
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
         # Batches that can be built ahead of the step: the DataLoader keeps up to workers x PREFETCH_FACTOR
-        # outstanding (built, being built or being pinned), and the side stream copies one more ahead.
-        self.depth = workers * PREFETCH_FACTOR + (1 if self.stream else 0)
+        # outstanding (built, being built or being pinned), the ring every slot it does not hold; the side
+        # stream copies one more ahead.
+        built_ahead = self.ring.ahead if self.ring is not None else workers * PREFETCH_FACTOR
+        self.depth = built_ahead + (1 if self.stream else 0)
         self._next: Batch | None = None
         if self.stream is not None:
             self._next = self._copy_async(next(self.loader))

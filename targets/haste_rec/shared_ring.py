@@ -104,6 +104,11 @@ class RingLoader:
     def __iter__(self) -> "RingLoader":
         return self
 
+    @property
+    def ahead(self) -> int:
+        """How many batches the workers can have built ahead of the trainer: every slot but the HOLD held."""
+        return self.workers * self.per_worker - HOLD
+
     def __next__(self) -> PackedBatch:
         while len(self.out) >= HOLD:
             worker, slot, event = self.out.popleft()

@@ -137,3 +137,18 @@ def test_a_worker_that_dies_is_raised_in_the_trainer():
                 next(ring)
     finally:
         ring.close()
+
+
+def test_the_ring_says_how_many_batches_its_workers_can_build_ahead():
+    """``banked_steps`` runs that many steps untimed before a timed window, so none of them was built earlier."""
+    source, preset = training_data("tiny", 0)
+    ring = RingLoader(source, TableLayout(preset.table_rows).pack, workers=2, slots_per_worker=4)
+    try:
+        for _ in range(HOLD + 2):  # steady state: the last HOLD batches taken hold their slots
+            next(ring)
+        import time
+        time.sleep(2.0)  # every free slot filled
+        ready = sum(1 for conn in ring.filled for _ in iter(lambda c=conn: c.poll(0) and c.recv(), False))
+        assert ring.ahead == 2 * (4 + 2) - HOLD == ready
+    finally:
+        ring.close()
