@@ -37,8 +37,8 @@ POLL_S = 1.0      # how often a waiting trainer checks that its workers are stil
 def _worker(source: Any, prepare: Callable[[Any], PackedBatch], slots: torch.Tensor, first: int, step: int,
             free: Connection, filled: Connection, trainers: list[Connection]) -> None:
     """Build batches first, first + step, ... into the slots the trainer hands back, until it goes away.
-    ``trainers``: the trainer's ends of the workers forked before this one, closed here, so that each worker
-    sees its own pipe close when the trainer closes it."""
+    ``trainers``: the trainer's ends of this worker's pipes and of those forked before it, closed here, so that
+    the worker sees its pipe close when the trainer closes it."""
     for conn in trainers:
         conn.close()
     torch.set_num_threads(1)
@@ -83,7 +83,7 @@ class RingLoader:
             free_recv, free_send = ctx.Pipe(duplex=False)
             filled_recv, filled_send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, args=(source, prepare, self.slots, start + w, workers, free_recv,
-                                                     filled_send, self.free + self.filled),
+                                                     filled_send, [*self.free, *self.filled, free_send, filled_recv]),
                                daemon=True, name=f"haste-rec-loader-{w}")
             proc.start()
             free_recv.close()
