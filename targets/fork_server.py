@@ -78,11 +78,10 @@ def _cuda_initialised() -> bool:
 
 
 def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
-    """In the forked child: take the request's streams, session, directory, environment, CPUs and
-    sys.path, run the module as __main__, and exit with its status. Never returns."""
+    """In the forked child, already in a session of its own: take the request's streams, directory,
+    environment, CPUs and sys.path, run the module as __main__, and exit with its status. Never returns."""
     code = 1
     try:
-        os.setsid()
         for target, fd in zip((0, 1, 2), fds[:3]):
             os.dup2(fd, target)
         for fd in fds:
@@ -172,12 +171,22 @@ def serve(sock: socket.socket) -> None:
                 time.sleep(REAP_INTERVAL_S)
                 _reap(children)
             return
+        # The pid goes back only once the child leads a session of its own, as subprocess.Popen's
+        # start_new_session gives it: a caller that kills the pid's process group at once reaches it (a
+        # worker killed right after it started survived the kill, and its wait() hung).
+        in_session, says_so = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.setsid()
+            os.close(in_session)
+            os.close(says_so)
             sock.close()
             for fd in children.values():
                 os.close(fd)
             _become_worker(json.loads(message), fds, base_path)
+        os.close(says_so)
+        os.read(in_session, 1)  # b"" once the child has closed its end, after setsid
+        os.close(in_session)
         for fd in fds[:3]:
             os.close(fd)
         children[pid] = fds[3]

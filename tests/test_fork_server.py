@@ -152,3 +152,16 @@ def test_a_forked_worker_gets_the_gpu_it_is_given(tmp_path):
     proc = start_python("cuda_mod", [], env, cwd=str(tmp_path), stdout=subprocess.PIPE)
     assert isinstance(proc, ForkedProcess), "the server refused to serve (did its imports load the CUDA driver?)"
     assert proc.stdout.readline().split() == ["1024", "1"] and proc.wait(60) == 0
+
+
+def test_a_worker_killed_as_soon_as_it_started_is_killed(tree):
+    """The pid comes back once the child leads its own session, so killing its process group reaches it even
+    before it has run a line of its own (kill_tree right after start)."""
+    for _ in range(5):
+        env = scrubbed_env({"SG_OPT_FORK_SERVER": "1"}, root=str(tree))
+        proc = start_python("reporter_mod", ["sleep"], env, cwd=str(tree), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+        assert isinstance(proc, ForkedProcess)
+        assert os.getsid(proc.pid) == proc.pid
+        kill_tree(proc.pid)
+        assert proc.wait(10) == -signal.SIGKILL
