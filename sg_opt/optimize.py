@@ -126,33 +126,30 @@ class LiveView:
                            markup=False)
 
     def on_event(self, record: dict[str, Any]) -> None:
-        kind = record["event"]
+        kind, line = record["event"], None  # line: what a log gets for this event
         if kind == "decide":
             verdict = "accepted" if record["accepted"] else f"rejected at {record['stage']}"
-            self.last = (self.last + [f"#{record['id']} {verdict}: {record['reason']}"])[-4:]
-            if self.as_lines:
-                self._line(self.last[-1])
+            line = f"#{record['id']} {verdict}: {record['reason']}"
+            self.last = (self.last + [line])[-4:]
             if record["accepted"]:
                 self.node = "diagnose: the new incumbent (its noise floor again, if much faster), profiling"
         elif kind == "recalibrate":
             self.node = "diagnose: profiling"
-            if self.as_lines:
-                self._line(f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after "
-                           f"#{record['after']} ({record['step_ms']:.2f} ms/step)")
+            line = (f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after #{record['after']} "
+                    f"({record['step_ms']:.2f} ms/step)")
         elif kind == "propose":
-            self.node = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
-            if self.as_lines:
-                self._line(self.node)
+            self.node = line = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
         elif kind in ("baseline", "diagnose", "setup", "report"):
             self.node = {"setup": "baseline: numerics, A/A noise floor", "baseline": "diagnose: profiling",
                          "diagnose": "proposing", "report": "report"}[kind]
-            if self.as_lines and kind == "baseline":
-                self._line(f"baseline {record['step_ms']:.2f} ms/step, noise floor "
-                           f"{100 * record['noise_floor']:.1f}%")
-            elif self.as_lines and kind == "report":
-                self._line(f"report written; stopped by {record.get('stop_reason')}")
+            if kind == "baseline":
+                line = f"baseline {record['step_ms']:.2f} ms/step, noise floor {100 * record['noise_floor']:.1f}%"
+            elif kind == "report":
+                line = f"report written; stopped by {record.get('stop_reason')}"
         if self.live is not None:
             self.live.update(self._render())
+        elif line is not None:
+            self._line(line)
 
     def on_update(self, node: str, state: RunState) -> None:
         self.state = state

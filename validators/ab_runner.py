@@ -138,8 +138,8 @@ PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...] | None, tuple[str
 class _Prestarted:
     """Workers started ahead of their measurement, and the folder their requests live in."""
 
-    def __init__(self, key: PrestartKey, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory):
-        self.key, self.workers, self.folder = key, workers, folder
+    def __init__(self, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory):
+        self.workers, self.folder = workers, folder
 
     def close(self) -> None:
         for worker in self.workers.values():
@@ -178,7 +178,7 @@ def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
     workers = _spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus, dict(zip("ab", roots)),
                      timeout_s, ("a", "b"))
     with _prestarted_lock:
-        _prestarted[key] = _Prestarted(key, workers, folder)
+        _prestarted[key] = _Prestarted(workers, folder)
     return key
 
 

@@ -188,7 +188,6 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
     speedups, now = _speedups(state), state.incumbent.est_speedup
     rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch and not e.candidate.kernels]
     times = Counter(_pairs(e.candidate.patch) for e in rejections)
-    current_kernels = dict(state.incumbent.kernels)
     again = {}
     for e in (e for e in rejections if times[_pairs(e.candidate.patch)] == 1):
         v, cid = e.verdict, e.candidate.id
@@ -202,7 +201,7 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
                 resolved = space.resolve({**state.incumbent.config, **e.candidate.patch})
             except ConfigError:
                 continue
-            held_to = numerics_class(state, space, resolved, current_kernels)
+            held_to = numerics_class(state, space, resolved, state.incumbent.kernels)
             if NUMERICS_ORDER.index(held_to) > NUMERICS_ORDER.index(v.numerics_class):
                 again[_pairs(e.candidate.patch)] = (
                     f"tried again: candidate #{cid} was held to the {v.numerics_class} bands ({v.reason}); on top of "

@@ -53,7 +53,7 @@ def _worker(source: Any, prepare: Callable[[Any], PackedBatch], slots: torch.Ten
                 filled.send(("slot", slot, packed.layout, size))
             else:  # larger than a slot: as a storage of its own, and the slot straight back to the queue
                 packed.buffer.share_memory_()
-                filled.send(("own", slot, packed, size))
+                filled.send(("own", slot, packed))
             index += step
     except (EOFError, OSError, KeyboardInterrupt):  # the trainer closed its ends: done
         return
@@ -119,13 +119,14 @@ class RingLoader:
         message = self._receive(worker)
         if message[0] == "error":
             raise RuntimeError(f"loader worker {worker} failed: {message[1]}: {message[2]}")
-        kind, slot, what, size = message
         self.taken += 1
-        if kind == "own":
+        if message[0] == "own":
+            _, slot, packed = message
             self.free[worker].send(slot)
-            return what
+            return packed
+        _, slot, layout, size = message
         self.out.append([worker, slot, None])
-        return PackedBatch(self.slots[slot, :size], what)
+        return PackedBatch(self.slots[slot, :size], layout)
 
     def copied(self, event: "torch.cuda.Event") -> None:
         """The last batch taken was copied to the GPU asynchronously: its slot waits for ``event``."""

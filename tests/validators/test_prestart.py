@@ -40,13 +40,13 @@ def test_on_a_cpu_nothing_is_started_ahead(spawns):
 
 def test_the_measurement_asking_for_them_times_the_workers_started_ahead(spawns):
     key = prestart(OK, SLOW, 60, force=True)
-    pids = {side: w.proc.pid for side, w in started_ahead(key).items()}
+    ahead = list(started_ahead(key).values())
     result = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
     assert result.failure is None and spawns == ["incumbent", "candidate"]  # none started afresh
     assert result.started_ahead
     assert key not in ab_runner._prestarted
     assert result.a.ready_s > 0 and result.b.ready_s > 0  # from the workers' own stamps
-    assert all(pid > 0 for pid in pids.values())
+    assert all(w.proc.poll() is not None for w in ahead)  # those very workers, torn down with the measurement
 
 
 def test_another_measurement_starts_its_own_and_discard_kills_the_ones_ahead(spawns):
