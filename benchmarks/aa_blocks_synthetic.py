@@ -23,7 +23,8 @@ import numpy as np
 
 from targets.worker_protocol import WorkerRequest
 from validators import speedup
-from validators.speedup import ABResult, SideSummary, analyse, block_order, confirm_win, floor_from, spec_digest
+from validators.ab_stats import analyse, block_order, floor_from
+from validators.speedup import ABResult, SideSummary, confirm_win, spec_digest
 
 INCUMBENT = WorkerRequest(target="haste-rec", size="large", mode="bench")
 CANDIDATE = INCUMBENT.model_copy(update={"config": {"pack_batches": True}})

@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field, ValidationError
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, NumericsData, WorkerRequest, WorkerResult
-from validators.speedup import CONFIDENCE, MIN_FLOOR, RESAMPLES
+from validators.ab_stats import CONFIDENCE, MIN_FLOOR, RESAMPLES
 
 BASELINE_SCHEMA_VERSION = 1
 NUMERICS_STEPS = 10

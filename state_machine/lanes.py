@@ -16,7 +16,8 @@ from typing import Any, Callable
 from state_machine.state import Lane, RunState
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import NoiseFloor, calibrate_noise_floor, floor_from
+from validators.ab_stats import floor_from
+from validators.speedup import NoiseFloor, calibrate_noise_floor
 
 CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 

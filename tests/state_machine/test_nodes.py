@@ -115,7 +115,8 @@ def test_llm_reply_becomes_proposals_with_parsed_values(state, ctx):
 
 def _final_ab(baseline_ms, best_ms, ratio):
     from targets.worker_protocol import WorkerRequest
-    from validators.speedup import ABResult, SideSummary, block_order
+    from validators.ab_stats import block_order
+    from validators.speedup import ABResult, SideSummary
     spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench")
     sides = [SideSummary(label=label, digest=label, spec=spec, block_medians=[ms / 1e3 for ms in medians])
              for label, medians in (("baseline", baseline_ms), ("best", best_ms))]

@@ -17,10 +17,10 @@ from targets.protocol import Target
 from targets.worker_client import scrubbed_env
 from targets.worker_protocol import Failure, WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
-from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch, analyse,
-                                assert_sides, equal_time_steps,
-                                block_order, bootstrap_ratio_ci, calibrate_noise_floor, confirm_win, decide,
-                                floor_from, measure_ab, paired_ratio, spec_digest)
+from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio
+from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
+                                assert_sides, calibrate_noise_floor, confirm_win, equal_time_steps, measure_ab,
+                                spec_digest)
 from validators.ab_runner import overlap_builds, shared_cpus
 
 BASE_STEP_S = 3e-3
@@ -412,4 +412,4 @@ def test_calibration_asks_its_aa_runs_to_stop_once_settled_below_half_the_minimu
     monkeypatch.setattr(speedup, "measure_ab", lambda *a, **kw: asked.append(kw["settled_below"])
                         or result_for(INCUMBENT, INCUMBENT, verdict="no-difference", ratio=1.0))
     calibrate_noise_floor(INCUMBENT, 40, 3, 60, repeats=2)
-    assert asked == [speedup.MIN_FLOOR / 2] * 2
+    assert asked == [MIN_FLOOR / 2] * 2

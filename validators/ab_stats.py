@@ -1,0 +1,86 @@
+"""The statistics of a side-by-side measurement, pure functions of block timings: the balanced block order,
+block medians, the paired ratio and its bootstrap interval, the decision rule and the noise floor.
+``validators.speedup`` says why each is so and runs the measurements; these are tested on synthetic timing
+distributions without processes (``tests/validators/test_speedup.py``)."""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+from validators.ab_runner import Side
+
+Verdict = Literal["faster", "slower", "no-difference", "failed"]
+
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+MIN_FLOOR = 0.01
+
+
+def block_order(blocks: int) -> list[Side]:
+    """The run order of ``blocks`` blocks per side: A B, B A, A B, ... (pairs alternate who goes first)."""
+    return [side for r in range(blocks) for side in (("a", "b") if r % 2 == 0 else ("b", "a"))]
+
+
+def block_medians(blocks: Sequence[Sequence[float]]) -> list[float]:
+    return [float(np.median(block)) for block in blocks]
+
+
+def pair_ratios(a_medians: Sequence[float], b_medians: Sequence[float]) -> np.ndarray:
+    """B's block median over A's, pair by pair (pair r ran in round r of ``block_order``)."""
+    a, b = np.asarray(a_medians, float), np.asarray(b_medians, float)
+    if a.size != b.size or a.size == 0:
+        raise ValueError(f"need the same, non-zero number of blocks per side, not {a.size} and {b.size}")
+    return b / a
+
+
+def paired_ratio(a_medians: Sequence[float], b_medians: Sequence[float]) -> float:
+    """The point estimate of candidate/incumbent time: the median of the pair ratios."""
+    return float(np.median(pair_ratios(a_medians, b_medians)))
+
+
+def bootstrap_ratio_ci(a_medians: Sequence[float], b_medians: Sequence[float], resamples: int = RESAMPLES,
+                       confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the paired ratio, resampling block pairs."""
+    ratios = pair_ratios(a_medians, b_medians)
+    pick = np.random.default_rng(seed).integers(0, ratios.size, size=(resamples, ratios.size))
+    ratios = np.median(ratios[pick], axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def decide(ci_low: float, ci_high: float, floor: float) -> Verdict:
+    """The accept rule: the whole interval must clear the noise floor."""
+    if ci_high < 1.0 - floor:
+        return "faster"
+    if ci_low > 1.0 + floor:
+        return "slower"
+    return "no-difference"
+
+
+class RatioStats(BaseModel):
+    a_medians: list[float]
+    b_medians: list[float]
+    ratio: float
+    ci_low: float
+    ci_high: float
+    floor: float
+    verdict: Verdict
+
+
+def analyse(a_blocks: Sequence[Sequence[float]], b_blocks: Sequence[Sequence[float]], floor: float,
+            resamples: int = RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0) -> RatioStats:
+    """Per-step times of each side's blocks -> ratio, bootstrap interval and verdict."""
+    a, b = block_medians(a_blocks), block_medians(b_blocks)
+    low, high = bootstrap_ratio_ci(a, b, resamples, confidence, seed)
+    return RatioStats(a_medians=a, b_medians=b, ratio=paired_ratio(a, b), ci_low=low, ci_high=high,
+                      floor=floor, verdict=decide(low, high, floor))
+
+
+def floor_from(aa_runs: Sequence[tuple[float, float, float]]) -> float:
+    """The noise floor from A/A runs given as (ratio, ci_low, ci_high): bias plus noise of the worst
+    one, never below MIN_FLOOR."""
+    return max([MIN_FLOOR] + [abs(1.0 - ratio) + (high - low) / 2.0 for ratio, low, high in aa_runs])
