@@ -105,9 +105,8 @@ class LiveView:
         self.console, self.request = console, request
         self.node, self.state, self.last = "setup", None, []
         self.start = time.monotonic()
-        self.as_lines = not console.is_terminal
-        self.live = None if self.as_lines else Live(self._render(), console=console, refresh_per_second=2,
-                                                    transient=False)
+        self.live = (Live(self._render(), console=console, refresh_per_second=2, transient=False)
+                     if console.is_terminal else None)  # None: one log line per event
 
     def __enter__(self) -> "LiveView":
         if self.live is not None:
