@@ -8,7 +8,8 @@
 # - timing workers started during validation (tests/validators/test_prestart.py: on the GPU, beside a numerics
 #   run, then adopted by the measurement); on failure SG_OPT_PRESTART=0;
 # - packed batches through the loader's shared slots (tests/haste_rec/test_shared_ring.py: pinned and prefetched
-#   on the GPU, bitwise the training without workers); on failure SG_OPT_LOADER_RING=0.
+#   on the GPU with two and four workers, bitwise the training without workers, and timing workers that each
+#   start a ring of four and measure); on failure SG_OPT_LOADER_RING=0.
 set -uo pipefail
 check() {  # check SWITCH TEST_FILE...
     local switch=$1; shift

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from targets.ranks import RankContext, join, leave
-from targets.worker import default_threads, failure_of, measure, write_result
+from targets.worker import answer_stack_requests, default_threads, failure_of, measure, write_result
 from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT, cpu_count
 from targets.worker_protocol import BenchData, Failure, WorkerRequest, WorkerResult
 
@@ -118,6 +118,7 @@ def serve_rank(prog: str, request_type: type[Q], run: Callable[[Q], R | None],
     --request, ``run`` this rank's part; rank 0's non-None result is written to --result. A rank whose
     ``run`` raises writes ``failed(request, failure)`` first (``write_first``) and exits with
     RANK_FAILED_EXIT at once."""
+    answer_stack_requests()
     parser = argparse.ArgumentParser(prog=prog, description="runs one rank of a request under torchrun")
     parser.add_argument("--request", required=True, help=f"JSON file holding a {request_type.__name__}")
     parser.add_argument("--result", required=True, help="where rank 0 writes the result JSON")

@@ -9,6 +9,7 @@ with the workload. The measurement loop lives here, never in a candidate's code.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import math
 import os
@@ -25,7 +26,7 @@ from targets.protocol import ConfigError, Session, Target
 from targets.ranks import RankContext, inject_fault
 from targets.registry import resolve_target
 from targets.worker_client import cpu_count
-from targets.worker_protocol import (BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
+from targets.worker_protocol import (STACKS_SIGNAL, BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
                                      WorkerResult)
 
 
@@ -280,8 +281,17 @@ def execute(req: WorkerRequest) -> WorkerResult:
     return result
 
 
+def answer_stack_requests() -> None:
+    """Write every thread's Python stack to stderr on STACKS_SIGNAL, from this process and from any it forks (a
+    loader's workers inherit the handler): a worker that never answers, killed at its time limit, then leaves
+    where each of its processes waited. On 2026-11-30 a timing worker at `large` on an H200 got no ready line
+    out in 400 s, twice, and left nothing to say why."""
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+
+
 def serve_request_file(prog: str, request_type: type, run: Callable[[Any], Any], argv: list[str] | None) -> int:
     """The command line every file-based worker shares: read --request, run it, write --result."""
+    answer_stack_requests()
     parser = argparse.ArgumentParser(prog=prog, description="runs one request in this process, writes its result")
     parser.add_argument("--request", required=True, help=f"JSON file holding a {request_type.__name__}")
     parser.add_argument("--result", required=True, help="where to write the result JSON")

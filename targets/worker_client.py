@@ -19,7 +19,7 @@ from typing import Callable, TypeVar
 from pydantic import BaseModel
 
 from targets.fork_server import start_python
-from targets.worker_protocol import Failure, RunResult, WorkerRequest, WorkerResult
+from targets.worker_protocol import STACKS_SIGNAL, Failure, RunResult, WorkerRequest, WorkerResult
 
 
 def allowed_cpus() -> list[int] | None:
@@ -87,18 +87,21 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of process ``pid``, from /proc (None: gone, or no /proc)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid``, read from /proc (none where there is no /proc)."""
     children: dict[int, list[int]] = {}
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # it exited meanwhile
-        children.setdefault(ppid, []).append(int(entry.name))
+        if entry.name.isdigit() and (ppid := parent_of(int(entry.name))) is not None:  # None: it exited meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -122,6 +125,60 @@ def kill_tree(pid: int) -> None:
             os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+STACKS_WAIT_S = 1.5   # the longest a hung worker's process gets to write its stacks before the next is asked
+STACKS_SETTLED_S = 0.2  # a dump is whole once its stderr has stopped growing for this long
+STACKS_TAIL = 24000   # characters of stacks a timeout's failure keeps
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask in /proc): only those are asked,
+    since the signal's default action would end the others (a torchrun launcher) before the kill."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def ask_for_stacks(pid: int, stderr: Path) -> str:
+    """Where a hung worker waits: ``pid`` and every process below it that answers STACKS_SIGNAL (a worker, its
+    ranks, its loader's workers: ``targets.worker.answer_stack_requests``) write their Python stacks to
+    ``stderr``, the file they share, one after the other so they do not interleave; returns those stacks, each
+    under its process (empty when none answers). Called on a hung worker just before its kill."""
+    parents = {p: parent_of(p) for p in [pid, *descendants(pid)]}
+    sections = []
+    for process, parent in parents.items():
+        if not _catches(process, STACKS_SIGNAL):
+            continue
+        before = _size(stderr)
+        try:
+            os.kill(process, STACKS_SIGNAL)
+        except ProcessLookupError:
+            continue
+        deadline, last, settled_at = time.monotonic() + STACKS_WAIT_S, before, time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            size = _size(stderr)
+            if size != last:
+                last, settled_at = size, time.monotonic()
+            elif size > before and time.monotonic() - settled_at >= STACKS_SETTLED_S:
+                break
+        with open(stderr, "rb") as f:
+            f.seek(before)
+            dump = f.read(last - before).decode(errors="replace")
+        role = "the worker" if process == pid else f"a process below it (parent {parent})"
+        sections.append(f"--- process {process}, {role}:\n{dump.strip()}")
+    return "\n".join(sections)[-STACKS_TAIL:]
 
 
 def torchrun(ranks: int) -> list[str]:
@@ -167,9 +224,10 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                stacks = ask_for_stacks(proc.pid, stderr_file)
                 kill_tree(proc.pid)
                 proc.wait()
-                return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", "")
+                return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", stacks)
         stderr = stderr_file.read_bytes()[-64000:].decode(errors="replace")
         stderr_tail = stderr[-4000:]
         if code != 0 and lost is not None and (crashed := lost(stderr)):

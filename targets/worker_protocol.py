@@ -6,6 +6,7 @@ half-parsed state in the caller, and a result always says which failure happened
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -14,6 +15,9 @@ WORKER_SCHEMA_VERSION = 1
 
 Mode = Literal["bench", "numerics", "quality"]
 FailureKind = Literal["config", "crash", "timeout", "nan", "oom", "exception"]
+# On this signal every process of a worker writes its threads' Python stacks to its stderr (``targets.worker.
+# answer_stack_requests``): a worker stopped at its time limit is asked first, so its failure says where it waited.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 class WorkerRequest(BaseModel):

@@ -36,9 +36,10 @@ def test_failures_are_structured(behaviour, kind, words):
     assert words in result.failure.message
 
 
-def test_hang_is_killed_and_reported():
+def test_hang_is_killed_and_reported_with_where_it_waited():
     result = _run("hang", timeout=8.0)
     assert not result.ok and result.failure.kind == "timeout"
+    assert "most recent call first" in result.failure.detail and "in _misbehave" in result.failure.detail
 
 
 def test_bad_config_is_a_config_failure():

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Literal, Sequence, get_args
 
 from targets.fork_server import start_python
-from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, device_env, exit_reason, kill_tree,
-                                   scrubbed_env, torchrun)
+from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, ask_for_stacks, device_env, exit_reason,
+                                   kill_tree, scrubbed_env, torchrun)
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 QUIT_GRACE_S = 10.0
@@ -95,8 +95,10 @@ class _Worker:
     def receive(self, deadline: float, what: str) -> dict[str, Any]:
         try:
             line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise SideFailed(self.label, "timeout", f"no {what} before the time limit; the worker was killed") from None
+        except queue.Empty:  # where it waited, from each of its processes, before the kill (by the caller's exit)
+            stacks = ask_for_stacks(self.proc.pid, Path(self.stderr.name))
+            raise SideFailed(self.label, "timeout", f"no {what} before the time limit; the worker was killed",
+                             stacks) from None
         if line is None:
             code = self.proc.wait()
             raise SideFailed(self.label, "crash", f"the worker {exit_reason(code)} while we waited for {what}",

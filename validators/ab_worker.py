@@ -41,8 +41,8 @@ import torch.distributed as dist
 from targets.protocol import ConfigError, Session
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
-from targets.worker import (banked_steps, build_session as build_target_session, open_device, sync_device,
-                            time_steps)
+from targets.worker import (answer_stack_requests, banked_steps, build_session as build_target_session, open_device,
+                            sync_device, time_steps)
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m validators.ab_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--request", required=True, help="JSON file holding a WorkerRequest")
     args = parser.parse_args(argv)
+    answer_stack_requests()
     out = claim_stdout()
     try:
         serve(WorkerRequest.model_validate_json(Path(args.request).read_text()), out, sys.stdin)

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 
 from targets.protocol import ConfigError, KernelSlot
 from targets.registry import resolve_target
-from targets.worker import write_result
+from targets.worker import answer_stack_requests, write_result
 from targets.worker_client import scrubbed_env
 from validators.kernel import KernelVerdict, Rejected, check_kernel, draw_seed, parse_dtype
 
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request", required=True, help="JSON file holding a KernelRequest (deleted once read)")
     parser.add_argument("--result", required=True, help="where to write the KernelResult JSON")
     args = parser.parse_args(argv)
+    answer_stack_requests()
     request_file = Path(args.request)
     req = KernelRequest.model_validate_json(request_file.read_text())
     request_file.unlink()

@@ -123,11 +123,26 @@ def test_training_from_the_ring_is_bitwise_the_training_without_workers(placemen
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("workers", [2, 4])
 @pytest.mark.parametrize("data", [{"pin_memory": True}, {"pin_memory": True, "prefetch_to_device": True},
                                   {"prefetch_to_device": True}])
-def test_on_a_gpu_pinned_and_prefetched_slots_train_bitwise_alike(data):
+def test_on_a_gpu_pinned_and_prefetched_slots_train_bitwise_alike(data, workers):
     packed = {"pack_batches": True, "embedding_grad_mode": "fused"}
-    assert losses({**packed, **data, "data_workers": 2}, "cuda") == losses(packed, "cuda")
+    assert losses({**packed, **data, "data_workers": workers}, "cuda") == losses(packed, "cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_timing_workers_with_four_ring_workers_get_ready_and_measure(device):
+    """Through the real path: timing workers (forked from the fork server where it serves) each start a ring of
+    four loader workers, pinned and prefetched on a GPU. On 2026-11-30 such a worker at `large` on an H200 never
+    got ready (the TPE oracle's incumbent); two ring workers had measured normally at `xl`."""
+    from targets.worker_protocol import WorkerRequest
+    from validators.speedup import measure_ab
+    config = {"data_workers": 4, "pack_batches": True, "pin_memory": True, "prefetch_to_device": True}
+    spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench", device=device, warmup=1, config=config)
+    result = measure_ab(spec, spec, blocks=2, steps_per_block=2, timeout_s=120)
+    assert result.verdict != "failed", (result.failure.message, result.failure.detail)
 
 
 def test_a_worker_that_dies_is_raised_in_the_trainer():

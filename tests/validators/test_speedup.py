@@ -328,6 +328,16 @@ def test_a_hanging_side_is_killed_at_the_time_limit():
     assert result.wall_s < 25
 
 
+def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited():
+    """As a loader worker stuck under a trainer waiting for its batch: the failure holds both processes' stacks."""
+    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
+    hang = ok.model_copy(update={"config": {"behaviour": "hang-in-child"}})
+    result = measure_ab(ok, hang, blocks=2, steps_per_block=2, timeout_s=10)
+    assert result.verdict == "failed" and result.failure.kind == "timeout"
+    detail = result.failure.detail
+    assert "in _misbehave" in detail and "in _sleep_in_child" in detail  # the trainer's wait, the child's sleep
+
+
 def test_real_aa_of_the_reference_trainer_is_not_faster():
     result = measure_ab(INCUMBENT, INCUMBENT, blocks=6, steps_per_block=10, timeout_s=240)
     assert result.failure is None, result.failure
