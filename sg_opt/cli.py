@@ -95,7 +95,14 @@ def _check_result(result) -> None:
     failure = result.failure
     if failure.kind == "config":
         fail(failure.message)
-    fail(f"the workload failed ({failure.kind}): {failure.message}", code=1)
+    _fail_workload("the workload failed", failure)
+
+
+def _fail_workload(what: str, failure) -> None:
+    """Exit 1 with the failure's sentence; a hang also gets the stacks its processes wrote before the kill."""
+    if failure.kind == "timeout" and failure.detail:
+        err_console.print(f"where each process waited:\n{failure.detail}", highlight=False, markup=False)
+    fail(f"{what} ({failure.kind}): {failure.message}", code=1)
 
 
 TARGET_OPT = typer.Option("haste-rec", help="built-in name, entry point name, or module:attr")
@@ -190,7 +197,7 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
     if as_json:
         print(result.model_dump_json(indent=1))
     if result.failure is not None:
-        fail(f"the comparison failed ({result.failure.kind}): {result.failure.message}", code=1)
+        _fail_workload("the comparison failed", result.failure)
     if not as_json:
         render(result, noise, console)
 

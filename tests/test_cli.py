@@ -80,6 +80,14 @@ def _write_xc(path, lines):
     return str(path)
 
 
+def test_bench_that_hangs_exits_1_saying_where_it_waited():
+    result = runner.invoke(app, ["bench", "--target", "tests.fixtures.faulty_target:target", "--size", "tiny",
+                                 "--set", "behaviour=hang", "--timeout", "6"])
+    assert result.exit_code == 1
+    assert "(timeout)" in result.output and "where each process waited" in result.output
+    assert "in _misbehave" in result.output and "Traceback" not in result.output
+
+
 def test_bench_on_an_extreme_classification_file(tmp_path):
     gen = torch.Generator().manual_seed(0)
     rows = []
