@@ -93,6 +93,12 @@ CATALOG: tuple[Rule, ...] = (
     Rule("triton-fused-loss", ("loss", "tail-gather-bound", "backward"), {"tail_backend": "triton-fused-loss"}, 0.85,
          "tail forward, BCE and its gradient in one pass: the logits never reach memory", devices=("cuda",),
          requires={"tail_backend": ("torch", "slots", "triton")}),
+    Rule("triton-fused-loss-3xtf32", ("loss", "tail-gather-bound", "backward"),
+         {"tail_backend": "triton-fused-loss", "tail_fp32_dot": "tf32x3"}, 0.84,
+         "the fused tail with its fp32 products as three TF32 tensor-core products whatever matmul_precision says: "
+         "faster than exact fp32 and, under TF32 matmuls, within a few ulps where the tail's own TF32 pass broke "
+         "the precision band at xl", devices=("cuda",),
+         requires={"tail_backend": ("torch", "slots", "triton"), "precision": ("fp32",)}),
     Rule("bf16-autocast", ("fp32-products", "tail-gather-bound", "backward", "compute-bound kernel",
                            "memory-bound kernel", "loss"),
          {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
@@ -104,11 +110,12 @@ CATALOG: tuple[Rule, ...] = (
          requires={"precision": ("fp32",)}),
     Rule("tf32x3-tail", ("fp32-products",), {"tail_fp32_dot": "tf32x3"}, 0.8,
          "the Triton tail's fp32 products as three TF32 tensor-core products instead of CUDA-core FMAs, held "
-         "to the reorder band", devices=("cuda",), requires={"tail_fp32_dot": ("ieee",)}),
+         "to the reorder band", devices=("cuda",), requires={"tail_fp32_dot": ("auto", "ieee"),
+                                                             "matmul_precision": ("highest",)}),
     Rule("tf32-tail", ("fp32-products",), {"tail_fp32_dot": "tf32"}, 0.65,
          "the Triton tail's fp32 products in one TF32 tensor-core pass, for the tail alone: a precision change, "
          "held to the precision band (TF32 for every matmul also moves torch's own)", devices=("cuda",),
-         requires={"tail_fp32_dot": ("ieee", "tf32x3")}),
+         requires={"tail_fp32_dot": ("auto", "ieee", "tf32x3"), "matmul_precision": ("highest",)}),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum",
          requires={"tail_backend": ("torch",)}),

@@ -8,12 +8,14 @@ updates, overlap of data loading), as in the seed's 670 ms -> 309 ms.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from targets.protocol import Constraint, Knob, KnobSpace
 
 PRESET = "preset"  # a model-shape knob at this value takes the size preset's number
 TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the tail's tile knobs matter
-# when the Triton tail multiplies exact fp32 (no bf16, no TF32): the only case tail_fp32_dot changes anything
-TRITON_TAIL_FP32 = TRITON_TAIL + (("precision", ("fp32",)), ("matmul_precision", ("highest",)))
+# when the Triton tail multiplies fp32 (no bf16): the only case tail_fp32_dot changes anything
+TRITON_TAIL_FP32 = TRITON_TAIL + (("precision", ("fp32",)),)
 # when the embedding kernels' knobs matter: backend triton runs its kernels unless grad mode is dense
 TRITON_EMBEDDING = (("embedding_backend", ("triton",)), ("embedding_grad_mode", ("sparse", "fused")))
 
@@ -52,12 +54,16 @@ KNOBS = (
     # float-reassociation drift the reorder band is calibrated on, so that value is declared "reorder" and
     # held to that band. One TF32 pass (10-bit mantissa inputs) is a precision change, for the tail alone:
     # held to the precision band, like matmul_precision=high, which also moves torch's own matmuls.
-    Knob("tail_fp32_dot", "choice", "ieee", category="kernel", numerics="reorder", choices=("ieee", "tf32x3", "tf32"),
-         value_numerics=(("tf32", "precision"),),
-         why="how the Triton tail's tl.dot multiplies fp32 at matmul_precision highest: ieee on the CUDA cores "
-             "(exact products); tf32x3 as three TF32 tensor-core products (a few fp32 ulps per product; the "
-             "fused loss kernel took 3.07 ms against 7.47 at size large's shape on an H200); tf32 as one "
-             "(inputs rounded to TF32, a precision change; 1.92 ms at fp32 TF32 in the same sweep)",
+    # "auto" follows matmul_precision; a set value holds under TF32 matmuls too: at `xl` on an H200 the Triton
+    # tail's own TF32 pass moved the loss 0.021-0.033 (precision band 0.02) where TF32 for torch's matmuls
+    # alone had moved it 0.0055, so the fused tail could join TF32 matmuls only with 3xTF32 products.
+    Knob("tail_fp32_dot", "choice", "auto", category="kernel", numerics="reorder",
+         choices=("auto", "ieee", "tf32x3", "tf32"), value_numerics=(("tf32", "precision"),),
+         why="how the Triton tail's tl.dot multiplies fp32: auto as matmul_precision says (ieee at highest, tf32 "
+             "at high); ieee on the CUDA cores (exact products); tf32x3 as three TF32 tensor-core products (a "
+             "few fp32 ulps per product; the fused loss kernel took 3.07 ms against 7.47 at size large's shape "
+             "on an H200); tf32 as one (inputs rounded to TF32, a precision change; 1.92 ms at fp32 TF32 in the "
+             "same sweep)",
          active_when=TRITON_TAIL_FP32),
     Knob("embedding_placement", "choice", "device", category="embedding", numerics="reorder",
          choices=("device", "host", "cached"),
@@ -158,3 +164,12 @@ CONSTRAINTS = (
 )
 
 KNOB_SPACE = KnobSpace(KNOBS, CONSTRAINTS)
+
+
+def tail_dot_precision(config: Mapping[str, Any]) -> str:
+    """The Triton tail's fp32 tl.dot precision under a resolved config: tail_fp32_dot, its "auto" resolved by
+    matmul_precision ("tf32" at high, "ieee" at highest)."""
+    dot = config["tail_fp32_dot"]
+    if dot == "auto":
+        return "tf32" if config["matmul_precision"] == "high" else "ieee"
+    return dot

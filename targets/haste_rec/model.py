@@ -20,7 +20,7 @@ from targets.haste_rec.data import SyntheticData, SyntheticSpec
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
 from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
 from targets.haste_rec.haste import HasteOutput
-from targets.haste_rec.knobs import PRESET
+from targets.haste_rec.knobs import PRESET, tail_dot_precision
 from targets.haste_rec.sizes import HasteRecSize
 
 PLAN_BATCHES = 64        # training batches whose id counts plan the embedding cache
@@ -129,10 +129,9 @@ def cache_plan_inputs(data, size: HasteRecSize, emb_cfg: EmbeddingConfig) -> tup
 
 def tail_kernel_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The Triton tail's tile config from the tail_* kernel knobs and matmul_precision (used by the Triton
-    backends only): TF32 when matmul_precision is high, else tail_fp32_dot."""
+    backends only): its fp32 products as ``knobs.tail_dot_precision`` says."""
     return {"block_b": config["tail_block_b"], "num_warps": config["tail_num_warps"],
-            "num_stages": config["tail_num_stages"],
-            "fp32_precision": "tf32" if config["matmul_precision"] == "high" else config["tail_fp32_dot"]}
+            "num_stages": config["tail_num_stages"], "fp32_precision": tail_dot_precision(config)}
 
 
 class HasteRecModel(nn.Module):

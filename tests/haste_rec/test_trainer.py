@@ -132,14 +132,17 @@ def test_every_session_sets_its_matmul_precision():
     assert tail_kernel_config(KNOB_SPACE.resolve({"matmul_precision": "high"}))["fp32_precision"] == "tf32"
     assert tail_kernel_config(KNOB_SPACE.resolve({}))["fp32_precision"] == "ieee"
     assert tail_kernel_config(KNOB_SPACE.resolve({"tail_fp32_dot": "tf32x3"}))["fp32_precision"] == "tf32x3"
+    # a value set for the tail holds under TF32 matmuls ("auto" follows them): 3xTF32 beside TF32 matmuls
     assert tail_kernel_config(KNOB_SPACE.resolve({"tail_fp32_dot": "tf32x3", "matmul_precision": "high"})
-                              )["fp32_precision"] == "tf32"       # TF32 everywhere wins over the tail's own choice
+                              )["fp32_precision"] == "tf32x3"
+    assert tail_kernel_config(KNOB_SPACE.resolve({"tail_fp32_dot": "ieee", "matmul_precision": "high"})
+                              )["fp32_precision"] == "ieee"
     knob = KNOB_SPACE["tail_fp32_dot"]
     assert (knob.numerics, knob.category) == ("reorder", "kernel")  # held to the tighter band (see knobs.py)
     fused = {"tail_backend": "triton-fused-loss"}
-    assert knob.is_active(KNOB_SPACE.resolve(fused))
+    assert knob.is_active(KNOB_SPACE.resolve(fused)) and knob.is_active(KNOB_SPACE.resolve({**fused, "matmul_precision": "high"}))
     assert not any(knob.is_active(KNOB_SPACE.resolve({**fused, **other})) for other in (
-        {"tail_backend": "torch"}, {"matmul_precision": "high"}, {"precision": "bf16"}))
+        {"tail_backend": "torch"}, {"precision": "bf16"}))
 
 
 def test_training_lowers_the_loss_and_rewiring_moves_fan_in():

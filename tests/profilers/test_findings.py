@@ -159,14 +159,16 @@ def test_the_wait_for_data_is_not_counted_as_launch_gaps():
     ({"tail_backend": "torch"}, None),                      # cuBLAS multiplies torch's fp32 matmuls
     ({"tail_backend": "triton", "tail_fp32_dot": "tf32x3"}, 1.5),  # three TF32 passes where one may do
     ({"tail_backend": "triton", "tail_fp32_dot": "tf32"}, None),
-    ({"tail_backend": "triton", "matmul_precision": "high"}, None),
+    ({"tail_backend": "triton", "matmul_precision": "high"}, None),  # auto: TF32 as matmul_precision says
+    ({"tail_backend": "triton", "matmul_precision": "high", "tail_fp32_dot": "tf32x3"}, 1.5),  # the tail's own
+    ({"tail_backend": "triton", "matmul_precision": "high", "tail_fp32_dot": "ieee"}, 2.5),
     ({"tail_backend": "triton", "precision": "bf16-autocast"}, None),
 ])
 def test_fp32_products_of_the_triton_tail_are_their_own_finding(knobs, headroom):
     """Its headroom (2.5, the H200's fused loss kernel in exact fp32 against 3xTF32; 1.5, 3xTF32 against one
     TF32 pass) is the precision rules' business; the tail-gather-bound finding keeps the Triton tail's 1.3
     so that tile sweeps stay low."""
-    resolved = {"precision": "fp32", "matmul_precision": "highest", "tail_fp32_dot": "ieee", **knobs}
+    resolved = {"precision": "fp32", "matmul_precision": "highest", "tail_fp32_dot": "auto", **knobs}
     ranked = findings(coarse({"tail": 0.48, "data": 0.2}), None, {}, resolved)
     fp32 = [f for f in ranked if f.category == "fp32-products"]
     assert bool(fp32) == (headroom is not None)

@@ -13,6 +13,8 @@ from state_machine.context import RunContext
 from state_machine.proposers.offline import propose_offline
 from state_machine.state import Evaluated, RunState, Verdict
 from tests.profilers.test_findings import coarse
+from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.model import tail_kernel_config
 from tests.state_machine.records import candidate, checked, finding
 
 
@@ -209,16 +211,32 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
 @pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
                                        {"tail_backend": "triton", "matmul_precision": "high"}])
 def test_no_patch_sets_a_knob_that_does_nothing_under_it(state, ctx, incumbent):
-    """tail_fp32_dot is in effect only when the Triton tail multiplies fp32 at matmul_precision highest
-    (Knob.active_when): elsewhere neither its rules nor a sweep propose it, whatever the findings say."""
+    """tail_fp32_dot is in effect only where the Triton tail multiplies fp32 (Knob.active_when): a patch sets it
+    only together with such a tail, or over one, whatever the findings say; under bf16 never."""
     at = state.model_copy(update={"device": "cuda", "incumbent": state.incumbent.model_copy(update={
         "config": incumbent}), "findings": [finding(c, 0.4, 2.0) for c in ("fp32-products", "tail-gather-bound",
                                                                            "backward", "compute-bound kernel")]})
     proposals = propose_offline(at, ctx, limit=500)
-    assert proposals and not any("tail_fp32_dot" in p.patch for p in proposals)
+    knob = KNOB_SPACE["tail_fp32_dot"]
+    setting = [p.patch for p in proposals if "tail_fp32_dot" in p.patch]
+    assert proposals and all(knob.is_active(KNOB_SPACE.resolve({**incumbent, **patch})) for patch in setting)
+    assert bool(setting) == (incumbent.get("precision") != "bf16")
     triton_fp32 = at.model_copy(update={"incumbent": state.incumbent.model_copy(update={
         "config": {"tail_backend": "triton"}})})
     assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in propose_offline(triton_fp32, ctx, limit=500)]
+
+
+def test_the_fused_tail_is_proposed_with_3xtf32_products_beside_tf32_matmuls(state, ctx):
+    """At `xl` the fused tail's own TF32 pass broke the precision band after TF32 matmuls were accepted: the
+    rules also propose it with 3xTF32 products, which a set tail_fp32_dot keeps under TF32 matmuls."""
+    at = state.model_copy(update={"device": "cuda", "incumbent": state.incumbent.model_copy(update={
+        "config": {"tail_backend": "slots", "matmul_precision": "high"}}),
+        "findings": [finding("tail-gather-bound", 0.4, 2.0)]})
+    patches = [p.patch for p in propose_offline(at, ctx, limit=500)]
+    fused, with_3x = {"tail_backend": "triton-fused-loss"}, {"tail_backend": "triton-fused-loss",
+                                                             "tail_fp32_dot": "tf32x3"}
+    assert fused in patches and with_3x in patches and patches.index(fused) < patches.index(with_3x)
+    assert "tf32x3" == tail_kernel_config(KNOB_SPACE.resolve({"matmul_precision": "high", **with_3x}))["fp32_precision"]
 
 
 def test_user_settings_are_never_tuned(state, ctx):
