@@ -406,3 +406,16 @@ def test_the_xl_run_tries_the_fused_triton_tail_again_under_the_bands_it_is_now_
     assert {"precision": "bf16-autocast"} not in patches and {"precision": "bf16"} not in patches
     before_tf32 = replayed(state, ctx, "h200_xl_after_8.json", "xl", {}, XL_HISTORY[:3])
     assert {"tail_backend": "triton-fused-loss"} not in [p.patch for p in propose_offline(before_tf32, ctx, 200)]
+
+
+XL15_HISTORY = [  # the second xl run (2026-11-30, session 15) up to its retries: both Triton tails broke the precision
+    # bands under TF32 matmuls (loss 0.021 and 0.033 against 0.02), their tl.dot in TF32 too
+    *XL_HISTORY[:4], (5, {"tail_backend": "triton-fused-loss"}, False, "precision"),
+    (6, {"tail_backend": "triton"}, False, "precision")]
+
+
+def test_after_the_fused_tail_broke_the_precision_band_under_tf32_it_comes_with_3xtf32_products(state, ctx):
+    at = replayed(state, ctx, "h200_xl_after_8.json", "xl", {}, XL15_HISTORY)
+    patches = [p.patch for p in propose_offline(at, ctx, limit=200)]
+    assert patches[0] == {"tail_backend": "triton-fused-loss", "tail_fp32_dot": "tf32x3"}
+    assert {"tail_backend": "triton-fused-loss"} not in patches  # tried under both classes now
