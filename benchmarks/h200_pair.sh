@@ -16,7 +16,10 @@
 # and its fresh re-measurement differed from the run's own by 13%.
 #
 # A lane's settings may hold its own SLICE (for a lane that first runs PRE_A / PRE_B, a command given its GPU,
-# its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh").
+# its CPUs and OUT=$OUT/a/pre, e.g. PRE_A="bash benchmarks/h200_graphs.sh"). A line `export SG_OPT_...=0` that the
+# PRE_ command prints turns that switch off for its lane's run, e.g. a probe of a config that once hung:
+#   PRE_B="python3 -m sg_opt.cli bench --size large --device cuda --config C.toml --timeout 150 --phase-steps 0 \
+#          || echo export SG_OPT_LOADER_RING=0"
 # Before the runs, benchmarks/gpu_worker_checks.sh tests on the GPU how workers start ($OUT/gpu_worker_checks.txt):
 # where the fork server's tests fail, every worker starts as a plain subprocess (SG_OPT_FORK_SERVER=0); where those
 # of timing workers started during validation fail, they start when measured (SG_OPT_PRESTART=0).
@@ -40,6 +43,7 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE
     if [ -n "$6" ]; then  # a command for this lane's GPU and CPUs first (its output in $OUT/NAME/pre)
         CUDA_VISIBLE_DEVICES="$2" OUT="$OUT/$1/pre" taskset -c "$3-$(($3 + half - 1))" bash -c "$6" \
             > "$OUT/$1/pre.log" 2>&1
+        eval "$(grep -E '^export SG_OPT_[A-Z_]+=0$' "$OUT/$1/pre.log")"  # switches it printed, for this lane only
     fi
     env SLICE="$SLICE" $4 OUT="$OUT/$1" RUNS="runs/pair-$1" CARRY="$5" VS=0 CUDA_VISIBLE_DEVICES="$2" \
         taskset -c "$3-$(($3 + half - 1))" bash benchmarks/h200_resumable.sh > "$OUT/$1/lane.log" 2>&1
