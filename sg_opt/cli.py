@@ -289,6 +289,7 @@ def optimize(
     """
     from sg_opt import optimize as agent
     from sg_opt.run_store import RunRequest, new_run_id
+    from state_machine.nodes import IncumbentFailed
 
     quiet = as_json
     try:
@@ -316,6 +317,8 @@ def optimize(
             final, summary = agent.start(request, out, console, quiet)
     except ConfigError as exc:
         fail(str(exc))
+    except IncumbentFailed as exc:
+        fail(str(exc), code=1)
     if as_json:
         print(summary.model_dump_json(indent=1))
     else:

@@ -337,6 +337,13 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
     return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
 
 
+class IncumbentFailed(RuntimeError):
+    """The incumbent's own worker failed while timed beside a candidate: no candidate can be judged against it, and
+    rejecting this one would blame it (the TPE oracle would learn a false failure). The run stops with the
+    candidate undecided, its last checkpoint before the measurement, so ``--resume`` measures it again once
+    the cause is fixed."""
+
+
 def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Side by side against the incumbent; a win must clear the noise floor twice, in fresh processes."""
     cand, plan = state.current, state.plan
@@ -348,6 +355,11 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
                   ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high,
                   artifacts={**state.current_artifacts, "ab": path})
+    if last.failure is not None and last.failed_side == "incumbent":
+        ctx.event(state.run_dir, "incumbent-failed", id=cand.id, kind=last.failure.kind, reason=last.failure.message)
+        raise IncumbentFailed(f"the incumbent's worker failed while timed beside candidate #{cand.id} "
+                              f"({last.failure.kind}: {last.failure.message}); the run stopped with #{cand.id} "
+                              f"undecided (details in {path}): resume it with --resume once the cause is fixed")
     if last.failure is not None:
         return _reject("measure", f"the candidate failed while timed ({last.failure.kind}: {last.failure.message})",
                        **fields)

@@ -42,6 +42,7 @@ class SideFailed(RuntimeError):
 
     def __init__(self, label: str, kind: str, message: str, detail: str = ""):
         super().__init__(f"{label}: {message}")
+        self.label = label
         known = kind if kind in get_args(FailureKind) else "exception"
         self.failure = Failure(kind=known, message=f"{label}: {message}", detail=detail)
 

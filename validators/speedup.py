@@ -142,6 +142,8 @@ class ABResult(BaseModel):
     side_steps: dict[str, int] | None = Field(None, description="steps per timed block of each side (equal_time_steps)")
     cpus: list[int] | None = Field(None, description="the CPU set both workers were pinned to (None: not pinned)")
     failure: Failure | None = None
+    failed_side: str | None = Field(None, description="the label of the side whose worker failed (\"incumbent\", "
+                                                     "\"candidate\", ...): not always the side being judged")
     wall_s: float = 0.0
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see pooled)")
@@ -250,7 +252,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
     except SideFailed as exc:
-        return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure,
+        return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure, failed_side=exc.label,
                         wall_s=time.monotonic() - start, **common)
     stats = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
     sides["a"].block_medians, sides["b"].block_medians = stats.a_medians, stats.b_medians

@@ -120,3 +120,28 @@ def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
         message = " ".join(result.stderr.split())  # rich wraps long lines
         assert words in message and "Traceback" not in message, (args, message)
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing left behind
+
+
+def test_a_run_whose_incumbent_fails_while_timed_stops_in_one_sentence_and_resumes(tmp_path, monkeypatch):
+    """The measurement of candidate #1 finds the incumbent's worker failing (as the TPE oracle's hung in session
+    15): the run stops with exit code 1 and one sentence, #1 undecided; resumed, it measures #1 and goes on."""
+    from state_machine import nodes
+
+    def measure(state, ctx):  # the graph names its nodes by their functions
+        raise nodes.IncumbentFailed(f"the incumbent's worker failed while timed beside candidate #{state.current.id} "
+                                    "(timeout: incumbent: no ready line before the time limit)")
+    real_measure = nodes.measure
+    monkeypatch.setattr(nodes, "measure", measure)
+    runner = CliRunner()
+    args = ["optimize", "--out", str(tmp_path), "--threads", "1"]
+    first = runner.invoke(app, [*args, "--target", AGENT_TARGET, "--size", "tiny", "--max-iters", "1",
+                                *quick_measurement(), "--json"])
+    assert first.exit_code == 1 and "the incumbent's worker failed while timed beside candidate #1" in first.output
+    assert "Traceback" not in first.output
+    run_dir = only_run(tmp_path)
+    assert not any(e["event"] == "decide" for e in events(run_dir))
+    monkeypatch.setattr(nodes, "measure", real_measure)
+    done = runner.invoke(app, [*args, "--resume", run_dir.name, "--json"])
+    assert done.exit_code == 0, done.output
+    summary = json.loads(done.stdout)
+    assert [c["id"] for c in summary["candidates"]] == [1] and summary["candidates"][0]["accepted"]

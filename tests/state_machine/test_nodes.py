@@ -11,7 +11,8 @@ from profilers.records import ProfileResult
 from state_machine import nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
-from state_machine.state import Evaluated, Limits, Verdict, loosest
+from state_machine.state import Evaluated, Limits, RunState, Verdict, loosest
+from targets.registry import resolve_target
 from tests.state_machine.records import candidate, checked, finding
 
 
@@ -268,3 +269,28 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
                          ("run", "numerics"), ("discard", "key")]
     else:
         assert calls == [("run", "numerics")]
+
+
+@pytest.mark.parametrize("failing,raises", [("incumbent", True), ("candidate", False)])
+def test_an_incumbent_that_fails_while_timed_stops_the_run_instead_of_blaming_the_candidate(tmp_path, failing,
+                                                                                             raises):
+    """In session 15 the TPE oracle's incumbent worker hung beside candidate #82, and #82 was recorded as failed: the
+    oracle learned a false failure. Now the run stops with the candidate undecided (resumable); a candidate that
+    fails itself is still one rejection."""
+    from state_machine.state import Baseline, Incumbent
+    faulty = "tests.fixtures.faulty_target:target"
+    ctx = RunContext(target=resolve_target(faulty), policy=ProposerPolicy(kinds=("knob",)))
+    crash, ok = {"behaviour": "crash"}, {"behaviour": "ok"}
+    start = RunState(run_id="t", run_dir=str(tmp_path), target=faulty, size="tiny")
+    run = start.model_copy(update={
+        "incumbent": Incumbent(config=crash if failing == "incumbent" else ok),
+        "current": candidate(3, patch=ok if failing == "incumbent" else crash),
+        "plan": start.plan.model_copy(update={"block_steps": 2, "blocks": 2, "timeout_s": 60.0}),
+        "baseline": Baseline(numerics_file="n.json", step_ms=1.0, noise_floor=0.05, calibration_file="c.json")})
+    if raises:
+        with pytest.raises(nodes.IncumbentFailed, match="candidate #3 .*undecided.*--resume"):
+            nodes.measure(run, ctx)
+        assert '"failed_side": "incumbent"' in (tmp_path / "candidates" / "003" / "ab.json").read_text()
+    else:
+        verdict = nodes.measure(run, ctx)["current_verdict"]
+        assert not verdict.accepted and verdict.reason.startswith("the candidate failed while timed (crash")
