@@ -46,7 +46,11 @@ else
 fi
 timeout "$SLICE" "${cmd[@]}" >> "$OUT/optimize.log" 2>&1
 rc=$?
-echo "optimize rc $rc ($([ $rc = 124 ] && echo 'stopped at the slice; resume next call' || echo finished))"
+case $rc in
+    0) echo "optimize rc 0 (finished)" ;;
+    124) echo "optimize rc 124 (stopped at the slice; resume next call)" ;;
+    *) echo "optimize rc $rc (stopped by an error; resumable once its cause is fixed):"; tail -3 "$OUT/optimize.log" ;;
+esac
 run=$(ls -d "$RUNS"/*/ | head -1)
 tar czf "$OUT/run.tgz" -C "$RUNS" .
 if [ $rc = 0 ] && [ -f "$run/best_config.toml" ] && [ "${VS:-1}" = 1 ]; then
