@@ -182,6 +182,7 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
               floor: float | None, as_json: bool) -> None:
     from sg_opt.compare import compare, render
     from targets.worker_protocol import WorkerRequest
+    from validators.speedup import CalibrationFailed
 
     if blocks % 2:
         fail("--blocks must be even, so that each side runs first equally often")
@@ -192,7 +193,11 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
             result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
                                     blocks, block_steps, timeout, floor, block_seconds,
                                     progress=lambda line: err_console.print(line, soft_wrap=True, highlight=False))
-        except RuntimeError as exc:  # the incumbent itself failed during calibration
+        except CalibrationFailed as exc:  # the incumbent itself failed during calibration
+            if exc.failure is None:
+                fail(str(exc), code=1)
+            _fail_workload("the noise floor could not be set", exc.failure)
+        except RuntimeError as exc:  # e.g. a side that ran another spec than asked
             fail(str(exc), code=1)
     if as_json:
         print(result.model_dump_json(indent=1))

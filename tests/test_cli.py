@@ -154,3 +154,13 @@ def test_optimize_odd_block_counts_are_a_usage_error(tmp_path, option):
     result = runner.invoke(app, ["optimize", "--size", "tiny", option, "3", "--out", str(tmp_path)])
     assert result.exit_code == 2 and f"{option} must be even" in result.output.replace("\n", " ")
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_path):
+    fine = tmp_path / "fine.toml"
+    fine.write_text('behaviour = "ok"\n')
+    result = runner.invoke(app, ["bench", "--target", "tests.fixtures.faulty_target:target", "--size", "tiny",
+                                 "--set", "behaviour=hang", "--vs", str(fine), "--timeout", "6", "--blocks", "2"])
+    assert result.exit_code == 1
+    assert "the noise floor could not be set (timeout)" in result.output
+    assert "where each process waited" in result.output and "in _misbehave" in result.output

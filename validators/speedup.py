@@ -261,7 +261,12 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
 
 
 class CalibrationFailed(RuntimeError):
-    """An A/A run failed, so no noise floor can be set (the incumbent itself does not run cleanly)."""
+    """An A/A run failed, so no noise floor can be set (the incumbent itself does not run cleanly); ``failure``
+    is that run's (a hang's detail holds where each process waited)."""
+
+    def __init__(self, message: str, failure: Failure | None = None):
+        super().__init__(message)
+        self.failure = failure
 
 
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
@@ -279,7 +284,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
         if on_run is not None:
             on_run(run)
         if run.failure is not None:
-            raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}")
+            raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}", run.failure)
         runs.append(run)
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
 
