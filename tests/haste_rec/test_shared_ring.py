@@ -139,7 +139,11 @@ def test_timing_workers_with_four_ring_workers_get_ready_and_measure(device):
     got ready (the TPE oracle's incumbent); two ring workers had measured normally at `xl`."""
     from targets.worker_protocol import WorkerRequest
     from validators.speedup import measure_ab
-    config = {"data_workers": 4, "pack_batches": True, "pin_memory": True, "prefetch_to_device": True}
+    config = {"data_workers": 4, "pack_batches": True, "pin_memory": True, "prefetch_to_device": True,
+              "embedding_grad_mode": "fused", "optimizer_impl": "foreach"}
+    if device == "cuda":  # the rest of that incumbent's config (#56): the fused Triton tail as it had it
+        config.update(tail_backend="triton-fused-loss", tail_fp32_dot="tf32x3", tail_block_b=128, tail_num_warps=8,
+                      tail_num_stages=1)
     spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench", device=device, warmup=1, config=config)
     result = measure_ab(spec, spec, blocks=2, steps_per_block=2, timeout_s=120)
     assert result.verdict != "failed", (result.failure.message, result.failure.detail)
