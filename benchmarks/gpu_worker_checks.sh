@@ -14,7 +14,9 @@ set -uo pipefail
 check() {  # check SWITCH TEST_FILE...
     local switch=$1; shift
     echo "== $*" >> "$OUT_FILE"
-    if ! python3 -m pytest -q -p no:cacheprovider "$@" >> "$OUT_FILE" 2>&1; then
+    # a hang fails the check too: its stacks after CHECK_STACKS_S, killed at CHECK_LIMIT_S
+    if ! timeout "${CHECK_LIMIT_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+            -o faulthandler_timeout="${CHECK_STACKS_S:-180}" "$@" >> "$OUT_FILE" 2>&1; then
         echo "failed: $switch=0 from here on" | tee -a "$OUT_FILE" >&2
         echo "export $switch=0"
     fi
