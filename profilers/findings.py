@@ -27,8 +27,8 @@ BENCHMARKS.md):
 - fp32-products (tail phase, Triton tail multiplying fp32 without TF32: precision fp32, tail_fp32_dot
   ieee or tf32x3, or auto at matmul_precision highest): 2.5 with ieee (tl.dot on fp32 runs as CUDA-core
   FMAs, and the fused loss kernel took 7.47 ms at size large's shape against 3.07 as three TF32
-  tensor-core products on an H200); 1.5 with tf32x3 (2.95 against 1.92 in one TF32 pass). Only the precision rules answer it (no sweep): the tile
-  knobs do not change how it multiplies.
+  tensor-core products on an H200); 1.5 with tf32x3 (2.95 against 1.92 in one TF32 pass). Only the
+  precision rules answer it (no sweep): the tile knobs do not change how it multiplies.
 - loss (loss phase): 2; BCE with dense targets moves the logits' size about four times, a fused
   loss twice. 1.2 with tail_backend triton-fused-loss, whose tail kernel already computes the loss.
 - backward (backward phase): 3 while the tail differentiates through gather + einsum (tail_backend
@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from profilers.records import CoarseProfile, FineProfile, Finding, SlotTiming
+from targets.haste_rec.knobs import tail_dot_precision
 
 MIN_SHARE = 0.01           # parts below 1% of the step are not reported
 IDLE_THRESHOLD = 0.2       # device idle share above which the step is launch/host-bound
@@ -151,9 +152,7 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
 
 def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
     tail = coarse.phases.get("tail")
-    dot = knobs.get("tail_fp32_dot")
-    if dot == "auto":  # as targets.haste_rec.knobs.tail_dot_precision resolves it
-        dot = "tf32" if knobs.get("matmul_precision") == "high" else "ieee"
+    dot = tail_dot_precision(knobs) if "tail_fp32_dot" in knobs else None
     fp32_tail = (knobs.get("tail_backend") in ("triton", "triton-fused-loss") and knobs.get("precision") == "fp32"
                  and dot in ("ieee", "tf32x3"))
     if not fp32_tail or tail is None or tail.share < MIN_SHARE:

@@ -263,7 +263,8 @@ def optimize(
                                                                                    "tier's)"),
     max_iters: Optional[int] = typer.Option(None, "--max-iters", min=1, help="candidates to evaluate at most "
                                                                              "(default: the tier's)"),
-    max_minutes: float = typer.Option(30.0, "--max-minutes", min=0.1, help="wall time of the whole run, resumes and the final measurement included"),
+    max_minutes: float = typer.Option(30.0, "--max-minutes", min=0.1, help="wall time of the whole run, resumes "
+                                                                         "and the final measurement included"),
     out: str = typer.Option("runs", "--out", help="directory that holds run directories"),
     resume: Optional[str] = typer.Option(None, "--resume", help="continue this run id (or run directory) from "
                                                                 "its last checkpoint"),

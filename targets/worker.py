@@ -26,8 +26,8 @@ from targets.protocol import ConfigError, Session, Target
 from targets.ranks import RankContext, inject_fault
 from targets.registry import resolve_target
 from targets.worker_client import cpu_count
-from targets.worker_protocol import (STACKS_SIGNAL, BenchData, Environment, Failure, NumericsData, QualityData, WorkerRequest,
-                                     WorkerResult)
+from targets.worker_protocol import (STACKS_SIGNAL, BenchData, Environment, Failure, NumericsData, QualityData,
+                                     WorkerRequest, WorkerResult)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -284,8 +284,8 @@ def execute(req: WorkerRequest) -> WorkerResult:
 def answer_stack_requests() -> None:
     """Write every thread's Python stack to stderr on STACKS_SIGNAL, from this process and from any it forks (a
     loader's workers inherit the handler): a worker that never answers, killed at its time limit, then leaves
-    where each of its processes waited. On 2026-11-30 a timing worker at `large` on an H200 got no ready line
-    out in 400 s, twice, and left nothing to say why."""
+    where each of its processes waited. On 2026-11-30 a timing worker at `large` on an H200 sent no ready line
+    in 401 s and was killed without a trace of why."""
     faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
 
 

@@ -80,7 +80,12 @@ def analyse(a_blocks: Sequence[Sequence[float]], b_blocks: Sequence[Sequence[flo
                       floor=floor, verdict=decide(low, high, floor))
 
 
+def bias_plus_noise(ratio: float, ci_low: float, ci_high: float) -> float:
+    """What an A/A run says this machine can fake: how far its ratio is from 1 plus its interval's half-width."""
+    return abs(1.0 - ratio) + (ci_high - ci_low) / 2.0
+
+
 def floor_from(aa_runs: Sequence[tuple[float, float, float]]) -> float:
     """The noise floor from A/A runs given as (ratio, ci_low, ci_high): bias plus noise of the worst
     one, never below MIN_FLOOR."""
-    return max([MIN_FLOOR] + [abs(1.0 - ratio) + (high - low) / 2.0 for ratio, low, high in aa_runs])
+    return max([MIN_FLOOR] + [bias_plus_noise(*run) for run in aa_runs])

@@ -79,7 +79,7 @@ from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_runner import ABRunner, Side, SideFailed, shared_cpus
-from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, block_medians, block_order,
+from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
                                  bootstrap_ratio_ci, decide, floor_from, paired_ratio)
 
 # An A/A run may end at half its blocks (at least this many a side) when its bias plus half-width is already below
@@ -236,12 +236,13 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 settle = {side: runner.run(side, side_steps[side]) for side in ("a", "b")}
                 side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             common["side_steps"] = side_steps
-            half = blocks // 2
+            half = blocks // 2  # an even half keeps the order balanced: each side first in half its pairs
+            check_at = 2 * half if settled_below is not None and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS else None
             for i, side in enumerate(order):
                 times[side].append(runner.run(side, side_steps[side]))
-                if settled_below is not None and i + 1 == 2 * half and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS:
+                if i + 1 == check_at:
                     early = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
-                    bound = abs(1.0 - early.ratio) + (early.ci_high - early.ci_low) / 2.0
+                    bound = bias_plus_noise(early.ratio, early.ci_low, early.ci_high)
                     if bound < settled_below:
                         common.update(blocks=half, order=order[:2 * half], note=(
                             f"stopped after {half} of {blocks} blocks a side: bias plus half-width {bound:.4f} "

@@ -19,9 +19,9 @@ update can be slower while the device cache with the same fused update is Sparse
 exceptions (``_retryable``): a change that measured no-difference while leaning faster (ratio below 1) is
 tried once more when the run has since made the incumbent ``RETRY_AFTER`` times faster; and one that broke
 its numerics bands is tried once more when the incumbent has since taken a change of a looser class, under
-which every later candidate is judged (at `xl`, the fused Triton tail before and after TF32 matmuls; as it broke
-the precision band there too, its tl.dot in TF32 as well, it also comes with 3xTF32 products). What such a change saves is
-mostly fixed time (launches, host work), a larger share of the shorter step: at `large` the dense CUDA
+which every later candidate is judged (at `xl`, the fused Triton tail before and after TF32 matmuls; as it
+broke the precision band there too, its tl.dot in TF32 as well, it also comes with 3xTF32 products). What
+such a change saves is mostly fixed time (launches, host work), a larger share of the shorter step: at `large` the dense CUDA
 graphs measured 0.959 (interval 0.854-1.048) against a 14 ms incumbent that later ran at 9.4 ms. The
 sweep leaves out the values the incumbent went past: one an accepted change moved a knob away from (it
 measured slower right there), and one a rule would only propose from behind (from the fused Triton tail,

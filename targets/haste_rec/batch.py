@@ -112,9 +112,9 @@ class PackedLayout:
 class PackedBatch:
     """A batch with its sparse features flattened into the embedding store's shared row space (what
     ``TableLayout.flatten`` gives for a ``Batch``), every tensor a view of one byte buffer: a loader worker
-    hands the trainer one buffer (a shared slot, ``shared_ring``), and one copy takes it to the device (at `large` on a 2-core VM,
-    taking a batch from 2 workers' full queues: medians 2.97 and 3.79 ms with three storages, 2.28 and 2.24
-    with one; ``python benchmarks/loader_handover.py``).
+    hands the trainer one buffer (a shared slot, ``shared_ring``), and one copy takes it to the device (at
+    `large` on a 2-core VM, taking a batch from 2 workers' full queues: medians 2.97 and 3.79 ms with three
+    storages, 2.28 and 2.24 with one; ``python benchmarks/loader_handover.py``).
 
     ``buffer`` holds the sections of ``layout``; after ``to(device, sparse=False)`` it holds only those before
     ``layout.split``, and ``apart`` the sparse features' bytes, left where they were."""

@@ -66,7 +66,8 @@ def _worker(source: Any, prepare: Callable[[Any], PackedBatch], slots: torch.Ten
 
 class RingLoader:
     """``workers`` processes writing packed batches into ``slots_per_worker`` shared slots each (see the module
-    docstring); iterate it for the batches, in order."""
+    docstring); iterate it for the batches, in order. ``pin`` (a CUDA trainer's, ``loader.DeviceBatches``):
+    page-lock the slots once the workers are forked, so copies to the GPU are asynchronous."""
 
     def __init__(self, source: Any, prepare: Callable[[Any], PackedBatch], workers: int, start: int = 0,
                  slots_per_worker: int = 4, pin: bool = False):
@@ -76,7 +77,6 @@ class RingLoader:
         slot_bytes = math.ceil(first.buffer.numel() * SLOT_HEADROOM / PAGE) * PAGE
         self.workers, self.per_worker = workers, slots_per_worker + -(-HOLD // workers)
         self.slots = torch.empty((workers * self.per_worker, slot_bytes), dtype=torch.uint8).share_memory_()
-        self.pinned = pin and torch.cuda.is_available()
         ctx = mp.get_context("fork")  # the slots are inherited, not passed
         self.procs, self.free, self.filled = [], [], []
         for w in range(workers):
@@ -93,7 +93,8 @@ class RingLoader:
             self.filled.append(filled_recv)
             for s in range(self.per_worker):
                 free_send.send(w * self.per_worker + s)
-        if self.pinned:  # page-locked once, so each batch's copy to the GPU is asynchronous and direct
+        self.pinned = False
+        if pin:  # page-locked once, so each batch's copy to the GPU is asynchronous and direct
             status = torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
             self.pinned = int(status) == 0  # if refused, copies stay synchronous (and correct)
         self.taken = 0

@@ -140,7 +140,8 @@ def test_every_session_sets_its_matmul_precision():
     knob = KNOB_SPACE["tail_fp32_dot"]
     assert (knob.numerics, knob.category) == ("reorder", "kernel")  # held to the tighter band (see knobs.py)
     fused = {"tail_backend": "triton-fused-loss"}
-    assert knob.is_active(KNOB_SPACE.resolve(fused)) and knob.is_active(KNOB_SPACE.resolve({**fused, "matmul_precision": "high"}))
+    assert knob.is_active(KNOB_SPACE.resolve(fused))
+    assert knob.is_active(KNOB_SPACE.resolve({**fused, "matmul_precision": "high"}))
     assert not any(knob.is_active(KNOB_SPACE.resolve({**fused, **other})) for other in (
         {"tail_backend": "torch"}, {"precision": "bf16"}))
 
