@@ -8,23 +8,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from sg_opt.cli_common import (CONFIG_OPT, DATA_OPT, DEVICE_OPT, JSON_OPT, RANKS_OPT, SET_OPT, SIZE_OPT, TARGET_OPT,
+                               THREADS_OPT, TIMEOUT_OPT, check_result, console, err_console, fail, fail_workload,
+                               inputs)
 from targets.protocol import ConfigError, Target
 from targets.registry import known_targets, resolve_target
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sg-opt: make sparse-model training faster without changing what it computes.")
-console = Console()
-err_console = Console(stderr=True)
-
-EXIT_USAGE = 2
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _knob_table(target: Target) -> Table:
@@ -69,57 +62,6 @@ def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable
                       f"{', '.join(s.name for s in target.kernel_slots) or '-'}\n")
 
 
-def _inputs(target: str, size: str, config: str | None, sets: list[str], data: str | None,
-            ranks: int = 1) -> dict:
-    """Resolve and check what the user asked for before any worker starts; exit 2 on bad input."""
-    from sg_opt.config import build_overrides
-
-    try:
-        resolved = resolve_target(target)
-        resolved.check_size(size)
-        resolved.check_ranks(ranks)
-        overrides = build_overrides(resolved.knob_space, config, sets)
-        if data is not None and not resolved.data_formats:
-            raise ConfigError(f"target {resolved.name} reads no data files; drop --data")
-        if data is not None and not Path(data).is_file():
-            raise ConfigError(f"data file {data} does not exist")
-    except ConfigError as exc:
-        fail(str(exc))
-    return overrides
-
-
-def _check_result(result) -> None:
-    """Map a worker failure to the CLI's exit codes: 2 for the user's config, 1 for the workload."""
-    if result.ok:
-        return
-    failure = result.failure
-    if failure.kind == "config":
-        fail(failure.message)
-    _fail_workload("the workload failed", failure)
-
-
-def _fail_workload(what: str, failure) -> None:
-    """Exit 1 with the failure's sentence; a hang also gets the stacks its processes wrote before the kill."""
-    if failure.kind == "timeout" and failure.detail:
-        err_console.print(f"where each process waited:\n{failure.detail}", highlight=False, markup=False)
-    fail(f"{what} ({failure.kind}): {failure.message}", code=1)
-
-
-TARGET_OPT = typer.Option("haste-rec", help="built-in name, entry point name, or module:attr")
-SIZE_OPT = typer.Option("small", help="size preset of the target")
-CONFIG_OPT = typer.Option(None, "--config", help="TOML file of knob values")
-SET_OPT = typer.Option([], "--set", help="knob=value, repeatable")
-DATA_OPT = typer.Option(None, "--data", help="train on this file (haste-rec: extreme-classification text format) "
-                                             "instead of synthetic data")
-DEVICE_OPT = typer.Option("cpu", help="cpu or cuda")
-THREADS_OPT = typer.Option(None, min=1, help="torch CPU threads in the worker (default: torch's own on cpu; one per "
-                                             "CPU it may use, at most 16, on cuda)")
-RANKS_OPT = typer.Option(1, "--ranks", help="run every worker as this many processes of one torch.distributed job "
-                                            "(torchrun, one device each; a rank takes --threads, else its share of "
-                                            "the CPUs; step times are the slowest rank's); the target needs a "
-                                            "build_ranked")
-TIMEOUT_OPT = typer.Option(1800.0, help="seconds before the worker is killed")
-JSON_OPT = typer.Option(False, "--json", help="print the worker's JSON result")
 
 
 @app.command()
@@ -133,7 +75,8 @@ def bench(
     as_json: bool = JSON_OPT,
     vs: Optional[str] = typer.Option(None, "--vs", help="a second config (TOML) to measure side by side against "
                                                         "this one: interval and verdict"),
-    blocks: int = typer.Option(20, min=2, help="--vs: interleaved blocks per side (even; as many as optimize's final measurement)"),
+    blocks: int = typer.Option(20, min=2, help="--vs: interleaved blocks per side (even; as many as optimize's "
+                                               "final measurement)"),
     block_steps: int = typer.Option(5, min=1, help="--vs: steps per block (at least)"),
     block_seconds: float = typer.Option(0.3, "--block-seconds", min=0.0, help="--vs: the least a block lasts, "
                                         "as in the agent's measurements (0: --block-steps alone)"),
@@ -149,7 +92,7 @@ def bench(
     from sg_opt.bench import bench as run_bench, render
     from sg_opt.saved_baseline import SaveFailed, check_writable
 
-    overrides = _inputs(target, size, config, set_, data, ranks)
+    overrides = inputs(target, size, config, set_, data, ranks)
     if save is not None:
         if vs is not None:
             fail("--save keeps the figures of one config; drop --vs")
@@ -158,7 +101,7 @@ def bench(
         except ConfigError as exc:
             fail(str(exc))
     if vs is not None:
-        _bench_vs(target, size, overrides, _inputs(target, size, vs, [], data), data, device, warmup, threads,
+        _bench_vs(target, size, overrides, inputs(target, size, vs, [], data), data, device, warmup, threads,
                   ranks, timeout, blocks, block_steps, block_seconds, floor, as_json)
         return
     on = f"{ranks} ranks on {device}" if ranks > 1 else device
@@ -170,7 +113,7 @@ def bench(
             fail(str(exc), code=1)
     if as_json:
         print(result.model_dump_json(indent=1))
-    _check_result(result)
+    check_result(result)
     if not as_json:
         render(result, console)
         if save is not None:
@@ -196,13 +139,13 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
         except CalibrationFailed as exc:  # the incumbent itself failed during calibration
             if exc.failure is None:
                 fail(str(exc), code=1)
-            _fail_workload("the noise floor could not be set", exc.failure)
+            fail_workload("the noise floor could not be set", exc.failure)
         except RuntimeError as exc:  # e.g. a side that ran another spec than asked
             fail(str(exc), code=1)
     if as_json:
         print(result.model_dump_json(indent=1))
     if result.failure is not None:
-        _fail_workload("the comparison failed", result.failure)
+        fail_workload("the comparison failed", result.failure)
     if not as_json:
         render(result, noise, console)
 
@@ -229,7 +172,7 @@ def profile(
     from profilers.records import ProfileRequest
     from sg_opt.profile_view import render
 
-    overrides = _inputs(target, size, config, set_, data, ranks)
+    overrides = inputs(target, size, config, set_, data, ranks)
     req = ProfileRequest(target=target, size=size, config=overrides, data=data, device=device, warmup=warmup,
                          threads=threads, ranks=ranks, profile_steps=steps, fine=fine,
                          trace=str(Path(trace).resolve()) if trace else None)
@@ -238,7 +181,7 @@ def profile(
         result = run_profile(req, timeout_s=timeout)
     if as_json:
         print(result.model_dump_json(indent=1))
-    _check_result(result)
+    check_result(result)
     if not as_json:
         render(result, console)
 
@@ -306,7 +249,7 @@ def optimize(
                                         ("--aa-blocks", aa_blocks)) if n % 2]
             if odd:
                 raise ConfigError(f"{odd[0]} must be even, so that each side runs first equally often")
-            overrides = _inputs(target, size, config, set_, data, ranks)
+            overrides = inputs(target, size, config, set_, data, ranks)
             fixed_blocks = {"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {}
             plan = {"blocks": blocks, "final_blocks": final_blocks, "aa_repeats": aa_runs, "aa_blocks": aa_blocks,
                     "timeout_s": timeout, "min_timeout_s": min(60.0, timeout), "recalibrate_after": recalibrate_after,
@@ -390,7 +333,7 @@ def gate(
                                       "and --data")
                 result = gate_against_baseline(baseline, options, status.update, ranks)
             else:
-                overrides = _inputs(target, size, config, set_, data, ranks or 1)
+                overrides = inputs(target, size, config, set_, data, ranks or 1)
                 spec = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device,
                                      warmup=warmup, threads=threads, ranks=ranks or 1,
                                      data=str(Path(data).resolve()) if data else None)
