@@ -355,7 +355,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
                   ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high,
                   artifacts={**state.current_artifacts, "ab": path})
-    if last.failure is not None and last.failed_side == "incumbent":
+    if last.failure is not None and last.failed_side == last.a.label:  # side a is the incumbent
         ctx.event(state.run_dir, "incumbent-failed", id=cand.id, kind=last.failure.kind, reason=last.failure.message)
         raise IncumbentFailed(f"the incumbent's worker failed while timed beside candidate #{cand.id} "
                               f"({last.failure.kind}: {last.failure.message}); the run stopped with #{cand.id} "

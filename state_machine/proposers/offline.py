@@ -197,7 +197,9 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
     rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch and not e.candidate.kernels]
     times = Counter(_pairs(e.candidate.patch) for e in rejections)
     again = {}
-    for e in (e for e in rejections if times[_pairs(e.candidate.patch)] == 1):
+    for e in rejections:
+        if times[_pairs(e.candidate.patch)] > 1:
+            continue  # tried twice already
         v, cid = e.verdict, e.candidate.id
         if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
                 and now >= RETRY_AFTER * speedups[e.incumbent_id]):

@@ -82,7 +82,7 @@ class DeviceBatches:
     def _to_device(self, batch: Batch) -> Batch:
         """The batch on the training device; a pinned ring slot's copy is asynchronous, so the slot waits for it."""
         moved = batch.to(self.device, non_blocking=self.pin, sparse=self.sparse_on_device)
-        if self.ring is not None and self.pin:
+        if self.ring is not None and self.ring.pinned:
             event = torch.cuda.Event()
             event.record()
             self.ring.copied(event)
