@@ -16,7 +16,7 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -210,6 +210,23 @@ class _CachedRows(_Rows):
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
         if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
+
+    def warm(self, batches_rows: Iterable[torch.Tensor]) -> int:
+        """Both caches as training leaves them once they are full, before the first step; returns the batches
+        replayed. Each batch's sorted distinct rows go through the slot decisions of a step (a lookup, then the
+        state's update), until every table's caches are full or the batches run out; then the resident rows
+        load at once. Values are the host's either way: only which rows sit on the device, and in what eviction
+        order, is fast-forwarded."""
+        replayed = 0
+        for rows in batches_rows:
+            if self.params.full and self.states.full:
+                break
+            self.params.replay(rows)
+            self.states.replay(rows)
+            replayed += 1
+        self.params.load_resident()
+        self.states.load_resident()
+        return replayed
 
     def lookup(self, ids, offsets, weights, record):
         lookup = make_lookup(ids, offsets, weights, self.device)

@@ -16,7 +16,7 @@ the autograd seam and the store the trainer uses.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.cache_plan import plan_capacities
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
-from targets.haste_rec.row_ops import TableLayout, coalesce_rows
+from targets.haste_rec.row_ops import TableLayout, coalesce_rows, unique_ids
 from targets.protocol import ConfigError
 
 
@@ -73,6 +73,7 @@ class EmbeddingStore(nn.Module):
         self._anchor = torch.zeros(0, device=self.device, requires_grad=True)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fused_sq: list[torch.Tensor] = []
+        self.warm_batches = 0  # batches replayed into the caches before training (warm_caches)
 
     def _plan(self, access_counts: list[torch.Tensor] | None,
               max_unique_per_batch: Sequence[int] | None) -> tuple[list[int], list[int]]:
@@ -161,6 +162,15 @@ class EmbeddingStore(nn.Module):
         gradient = self._gradient()
         return 0.0 if gradient is None else float(gradient[1].pow(2).sum())
 
+    def warm_caches(self, batches: Iterable[Batch]) -> None:
+        """Placement cached: fast-forward the device caches to the state training keeps them in, full, by
+        replaying the rows of `batches` (``_CachedRows.warm``; lazily drawn, as many as filling takes). A step
+        on filling caches loads rows but writes none back: timed then, the cache looks cheaper than it is in
+        training (see model.CACHE_WARM_BATCHES)."""
+        if isinstance(self._rows, _CachedRows):
+            self.warm_batches = self._rows.warm(unique_ids(self.layout.flatten(batch, CPU)[0])[0]
+                                                for batch in batches)
+
     # -- inspection -----------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
         """hits, misses, miss_rate (parameter cache), bytes_h2d/d2h (all traffic), the same per cache
@@ -172,7 +182,8 @@ class EmbeddingStore(nn.Module):
         out.update({key: out[f"param_{key}"] for key in ("hits", "misses", "miss_rate")})
         out.update({f"bytes_{way}": sum(out[f"{src}_bytes_{way}"] for src in ("param", "state", "lookup"))
                     for way in ("h2d", "d2h")})
-        out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(self.state_cache_rows))})
+        out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(self.state_cache_rows)),
+                    "cache_warm_batches": float(self.warm_batches)})
         out.update({f"cache_rows_t{t}": float(rows) for t, rows in enumerate(self.cache_rows)})
         return out
 

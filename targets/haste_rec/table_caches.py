@@ -19,6 +19,9 @@ from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, 
 from targets.protocol import ConfigError
 
 
+LOAD_CHUNK_ROWS = 1 << 16  # rows per copy when warmed caches load their resident rows
+
+
 def _starts(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
 
@@ -77,6 +80,33 @@ class TableCaches:
         `record` counts hits and misses and refreshes recency/frequency (the lookup path); the update path
         passes False so that touching the same rows again is not counted twice.
         """
+        slots, moves = self._assign(unique_rows, record)
+        if moves is not None:
+            move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+        return to_device(slots, self.device, self.pinned)
+
+    @property
+    def full(self) -> bool:
+        """Every table's slots hold rows: from here on each miss evicts (the steady state of training)."""
+        return bool(torch.equal(self.filled, self.caps))
+
+    def replay(self, unique_rows: torch.Tensor) -> None:
+        """The slot decisions of ``prepare(unique_rows)`` without moving a row: only before training, while
+        every host row is current, so an evicted row needs no write-back (``load_resident`` then loads them)."""
+        self._assign(unique_rows, record=True)
+
+    def load_resident(self) -> None:
+        """After ``replay``: every occupied slot's row from the host, LOAD_CHUNK_ROWS at a time (a staging buffer
+        of 32 MB at width 128, where all at once would be 2.7 GB of page-locked memory at large-cached); counters
+        zeroed, so that they count training's traffic only."""
+        empty = torch.zeros(0, dtype=torch.int64)
+        for slots in (self.row_of_slot >= 0).nonzero().squeeze(1).split(LOAD_CHUNK_ROWS):
+            move_rows(self.host_rows, self.device_rows, RowMoves(empty, empty, self.row_of_slot[slots], slots),
+                      self.device, self.pinned)
+        self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
+
+    def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
+        """(host-side slots of `unique_rows`, the rows to move for them or None): ``prepare``'s decisions."""
         table = torch.bucketize(unique_rows, self.row_edges, right=True)
         self._check_fits(torch.bincount(table, minlength=len(self.capacities)))
         slots = self.slot_of_row.index_select(0, unique_rows)
@@ -103,9 +133,7 @@ class TableCaches:
         if record:
             self._stamp(slots)
             self.use_count[slots] += 1
-        if moves is not None:
-            move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
-        return to_device(slots, self.device, self.pinned)
+        return slots, moves
 
     def _check_fits(self, needed: torch.Tensor) -> None:
         over = (needed > self.caps).nonzero()

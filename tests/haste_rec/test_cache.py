@@ -197,6 +197,38 @@ def test_table_caches_decide_exactly_as_one_row_cache_per_table(eviction, capaci
     assert torch.equal(host, ref_host)
 
 
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_replayed_caches_hold_what_prepared_ones_hold(eviction):
+    """Warming a cache before training (``replay`` then ``load_resident``) leaves it exactly as preparing the
+    same batches would, with untouched host rows: the same slots, recency and use counts, every resident row's
+    host value on the device, and counters that start at zero; later steps then decide alike."""
+    table_rows, capacities, row_starts = [2000, 600], [300, 120], [0, 2000]
+    data = ZipfBatches(table_rows, [0.8, 1.2], batch_size=40, max_bag=4, seed=5)
+    host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(1))
+    warmed, prepared = (TableCaches(host.clone(), table_rows, capacities, eviction, CPU) for _ in range(2))
+    shared = [torch.cat([torch.unique(ids) + s for ids, s in zip(b.ids, row_starts)]) for b in data.batches(0, 60)]
+    for rows_of_batch in shared[:40]:
+        warmed.replay(rows_of_batch)
+        prepared.prepare(rows_of_batch)
+    assert warmed.full and prepared.full  # filled, then evicting: the state training keeps
+    assert torch.equal(warmed.device_rows, torch.zeros_like(warmed.device_rows))  # nothing moved yet
+    warmed.load_resident()
+    for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
+        assert torch.equal(getattr(warmed, name), getattr(prepared, name)), name
+    assert warmed.counters() == {"hits": 0, "misses": 0, "bytes_h2d": 0, "bytes_d2h": 0}
+    for rows_of_batch in shared[40:]:
+        assert torch.equal(warmed.prepare(rows_of_batch), prepared.prepare(rows_of_batch))
+    assert warmed.counters()["bytes_d2h"] > 0
+
+
+def test_a_cache_is_full_only_when_every_table_is():
+    caches = TableCaches(torch.zeros(15, 1), [10, 5], [3, 2], "lru", CPU)
+    caches.replay(rows(1, 2, 3, 11))
+    assert not caches.full
+    caches.replay(rows(12))
+    assert caches.full
+
+
 def test_table_caches_name_the_table_a_batch_overflows():
     caches = TableCaches(torch.zeros(15, 1), [10, 5], [3, 2], "lru", CPU)
     with pytest.raises(ConfigError, match="table 1 cache holds 2 rows but one batch needs 3"):

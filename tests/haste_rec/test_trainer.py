@@ -10,6 +10,7 @@ import torch
 
 from targets.haste_rec.embeddings import EmbeddingStore
 from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec import model as model_module
 from targets.haste_rec.model import tail_kernel_config
 from targets.haste_rec.session import _ones_at
 from targets.haste_rec.sizes import SIZES
@@ -73,6 +74,21 @@ def test_cache_settings_are_exact_among_cached_runs(device):
                                                      "embedding_cache_plan": "planned"}):
         losses, _ = train({"embedding_placement": "cached", "embedding_grad_mode": "fused", **extra}, device)
         assert losses == reference
+
+
+def test_cached_sessions_start_with_warmed_caches(monkeypatch):
+    """A cached session replays the batches before its first into its caches (model.CACHE_WARM_BATCHES), so
+    its first steps miss as rarely as later training does, not as a cold cache does; the losses stay bitwise
+    those of cold caches (only where rows sit changes)."""
+    cached = {"embedding_placement": "cached", "embedding_grad_mode": "fused", "embedding_cache_fraction": 0.2}
+    warm_losses, warm = train(cached, steps=3)
+    replayed = model_module.CACHE_WARM_BATCHES  # all of them: tiny's caches do not fill in 500 batches
+    monkeypatch.setattr(model_module, "CACHE_WARM_BATCHES", 0)
+    cold_losses, cold = train(cached, steps=3)
+    warm, cold = warm.counters(), cold.counters()
+    assert (warm["cache_warm_batches"], cold["cache_warm_batches"]) == (replayed, 0)
+    assert warm["miss_rate"] < 0.5 * cold["miss_rate"]
+    assert warm_losses == cold_losses
 
 
 def test_data_workers_give_identical_batches():

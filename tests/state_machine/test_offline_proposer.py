@@ -205,7 +205,9 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
                                                    "offline:tf32-tail", "offline:triton-embeddings",
                                                    "offline:host-pooling", "offline:loader-workers"]
     first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 8  # the eight rules the findings still trigger go first
+    assert first_sweep == 9  # the nine rules the findings still trigger go first
+    assert [p.proposer for p in proposals[6:9]] == ["offline:packed-batches", "offline:loader-ring",
+                                                    "offline:loader-workers-4"]
 
 
 @pytest.mark.parametrize("incumbent", [{"tail_backend": "torch"}, {"tail_backend": "triton", "precision": "bf16"},
