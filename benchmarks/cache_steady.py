@@ -1,8 +1,10 @@
-"""Host time of one device-cache prepare once the caches are full, on the trainer's own batches: the state a
-long `large-cached` run spends its steps in (every miss evicts). The caches are filled by replaying the
-batches before the first (``TableCaches.replay``, as the trainer warms them), then batches 0.. are prepared
-and timed; the rows are one float wide and the device is the CPU, so the time is the host bookkeeping
-(slot lookup, victim choice, stamps) that a GPU step pays twice (parameter and optimizer-state caches).
+"""Host time of a step's device-cache bookkeeping once the caches are full, on the trainer's own batches: the
+state a long `large-cached` run spends its steps in (every miss evicts). The caches are filled by replaying
+the batches before the first (``TableCaches.replay``, as the trainer warms them), then batches 0.. are
+prepared and timed; the rows are one float wide and the device is the CPU, so the time is the host
+bookkeeping (slot lookup, victim choice, stamps). A step prepares the weights' cache for the lookup and the
+optimizer state's for the update: timed with the state in a cache of its own, and riding in the weights'
+slots (``SharedSlotRows``, what equal capacities get).
 
     python benchmarks/cache_steady.py [--size large-cached] [--fraction 0.2] [--eviction lru] [--threads 2]
 """
@@ -19,7 +21,7 @@ from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.model import synthetic_data
 from targets.haste_rec.row_ops import TableLayout, unique_ids
 from targets.haste_rec.sizes import get_size
-from targets.haste_rec.table_caches import TableCaches
+from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
 
 
 def main() -> None:
@@ -35,31 +37,38 @@ def main() -> None:
     size = get_size(args.size)
     data, layout = synthetic_data(size, 0), TableLayout(size.table_rows)
     capacities = [max(1, round(args.fraction * rows)) for rows in size.table_rows]
-    cache = TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU)
 
     def rows(index: int) -> torch.Tensor:
         return unique_ids(layout.flatten(data.train_batch(index), CPU)[0])[0]
 
-    start, replayed = time.perf_counter(), 0
-    while not cache.full and replayed < args.max_warm:
-        cache.replay(rows(-1 - replayed))
-        replayed += 1
-    print(f"{args.size}: {len(capacities)} tables, {sum(capacities):,} cache rows ({args.eviction}); full after "
-          f"{replayed} batches replayed ({time.perf_counter() - start:.1f} s)" if cache.full else
-          f"not full after {replayed} batches")
     batches = [rows(i) for i in range(5 + args.batches)]
-    for batch in batches[:5]:
-        cache.prepare(batch)
-    times, misses = [], cache.misses
-    for batch in batches[5:]:
-        begin = time.perf_counter()
-        cache.prepare(batch)
-        times.append(time.perf_counter() - begin)
-    per_batch = (cache.misses - misses) / args.batches
-    print(f"prepare: median {statistics.median(times) * 1e3:.2f} ms, fastest {min(times) * 1e3:.2f} ms over "
-          f"{args.batches} batches of {statistics.mean(b.numel() for b in batches[5:]):,.0f} distinct rows, "
-          f"{per_batch:,.0f} misses each; {args.threads} threads")
-
+    for state in ("apart", "riding"):
+        weights = TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU)
+        states = (SharedSlotRows(weights, torch.zeros(sum(size.table_rows), 1)) if state == "riding" else
+                  TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU))
+        start, replayed = time.perf_counter(), 0
+        while not weights.full and replayed < args.max_warm:
+            warm = rows(-1 - replayed)
+            weights.replay(warm)
+            states.replay(warm)
+            replayed += 1
+        print(f"{args.size}: {len(capacities)} tables, {sum(capacities):,} cache rows ({args.eviction}), state "
+              f"{state}; " + (f"full after {replayed} batches replayed ({time.perf_counter() - start:.1f} s)"
+                              if weights.full else f"not full after {replayed} batches"))
+        for batch in batches[:5]:
+            weights.prepare(batch)
+            states.prepare(batch)
+        times, misses = [], weights.misses
+        for batch in batches[5:]:
+            begin = time.perf_counter()
+            weights.prepare(batch)
+            states.prepare(batch)
+            times.append(time.perf_counter() - begin)
+        per_batch = (weights.misses - misses) / args.batches
+        print(f"  a step's two prepares: median {statistics.median(times) * 1e3:.2f} ms, fastest "
+              f"{min(times) * 1e3:.2f} ms over {args.batches} batches of "
+              f"{statistics.mean(b.numel() for b in batches[5:]):,.0f} distinct rows, {per_batch:,.0f} misses each; "
+              f"{args.threads} threads")
 
 if __name__ == "__main__":
     main()

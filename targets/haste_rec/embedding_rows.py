@@ -23,7 +23,7 @@ from torch import nn
 
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
 from targets.haste_rec.row_cache import gather_to_device, should_pin, to_device, to_host
-from targets.haste_rec.table_caches import TableCaches
+from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
 from targets.haste_rec.row_ops import (Lookup, TableLayout, apply_rowwise_adagrad_, coalesce_rows, make_lookup,
                                        pool, row_gradients)
 
@@ -204,9 +204,13 @@ class _CachedRows(_Rows):
                  capacities: Sequence[int], state_capacities: Sequence[int]):
         super().__init__(device, cfg)
         weight, state = _host_buffers(init)
-        self.params, self.states = (TableCaches(host, layout.table_rows, caps, cfg.eviction, device, cfg.pin_memory,
-                                                name) for host, caps, name in
-                                    ((weight, capacities, "row cache"), (state, state_capacities, "state cache")))
+        self.params = TableCaches(weight, layout.table_rows, capacities, cfg.eviction, device, cfg.pin_memory,
+                                  "row cache")
+        # Equal capacities make equal decisions: the state then rides in the weights' slots, one set of host
+        # bookkeeping a step instead of two (SharedSlotRows).
+        self.states = (SharedSlotRows(self.params, state) if list(capacities) == list(state_capacities) else
+                       TableCaches(state, layout.table_rows, state_capacities, cfg.eviction, device, cfg.pin_memory,
+                                   "state cache"))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
         if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)

@@ -68,6 +68,7 @@ class TableCaches:
         self.local_of_slot = local
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
         self.row_bytes = host_rows.shape[1] * host_rows.element_size()
+        self.riders: list[SharedSlotRows] = []  # other rows kept in these slots (SharedSlotRows), moved with them
 
     def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
         """[lo, hi) of each table's rows within sorted shared-space rows."""
@@ -83,8 +84,13 @@ class TableCaches:
         """
         slots, moves = self._assign(unique_rows, record)
         if moves is not None:
-            move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+            self.move(moves)
+            for rider in self.riders:
+                rider.move(moves)
         return to_device(slots, self.device, self.pinned)
+
+    def move(self, moves: RowMoves) -> None:
+        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
 
     @property
     def full(self) -> bool:
@@ -100,10 +106,7 @@ class TableCaches:
         """After ``replay``: every occupied slot's row from the host, LOAD_CHUNK_ROWS at a time (a staging buffer
         of 32 MB at width 128, where all at once would be 2.7 GB of page-locked memory at large-cached); counters
         zeroed, so that they count training's traffic only."""
-        empty = torch.zeros(0, dtype=torch.int64)
-        for slots in (self.row_of_slot >= 0).nonzero().squeeze(1).split(LOAD_CHUNK_ROWS):
-            move_rows(self.host_rows, self.device_rows, RowMoves(empty, empty, self.row_of_slot[slots], slots),
-                      self.device, self.pinned)
+        _load_occupied(self, self.row_of_slot)
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
 
     def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
@@ -210,12 +213,69 @@ class TableCaches:
 
     def flush(self) -> None:
         """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
-        occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
-        empty = torch.zeros(0, dtype=torch.int64)
-        move_rows(self.host_rows, self.device_rows, RowMoves(self.row_of_slot[occupied], occupied, empty, empty),
-                  self.device, self.pinned)
+        _write_back_occupied(self, self.row_of_slot)
 
     def counters(self) -> dict[str, float]:
         """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
         return {"hits": float(self.hits), "misses": float(self.misses), "bytes_h2d": float(self.bytes_h2d),
                 "bytes_d2h": float(self.bytes_d2h)}
+
+
+def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
+    """Every occupied slot's row from the cache's host rows, LOAD_CHUNK_ROWS at a time."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    for slots in (row_of_slot >= 0).nonzero().squeeze(1).split(LOAD_CHUNK_ROWS):
+        move_rows(cache.host_rows, cache.device_rows, RowMoves(empty, empty, row_of_slot[slots], slots), cache.device,
+                  cache.pinned)
+
+
+def _write_back_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
+    """Every occupied slot's row back to the cache's host rows (not counted as traffic)."""
+    occupied = (row_of_slot >= 0).nonzero().squeeze(1)
+    empty = torch.zeros(0, dtype=torch.int64)
+    move_rows(cache.host_rows, cache.device_rows, RowMoves(row_of_slot[occupied], occupied, empty, empty),
+              cache.device, cache.pinned)
+
+
+class SharedSlotRows:
+    """Rows of a second host array (the optimizer state) kept in the slots a ``TableCaches`` gives the same rows:
+    when both would have equal capacities and eviction, their decisions are the same, so one set of decisions
+    serves both and only the bytes move twice. A row's state is resident exactly when its weights are, so
+    ``prepare`` only reads the slots the weights' cache chose when it prepared the same rows (the lookup of the
+    step). Hits and misses are the weights' cache's; bytes are these rows' own."""
+
+    def __init__(self, leader: TableCaches, host_rows: torch.Tensor):
+        self.leader, self.host_rows = leader, host_rows
+        self.device, self.pinned = leader.device, leader.pinned
+        self.device_rows = torch.zeros(leader.device_rows.shape[0], host_rows.shape[1], dtype=host_rows.dtype,
+                                       device=leader.device)
+        self.row_bytes = host_rows.shape[1] * host_rows.element_size()
+        self.bytes_h2d = self.bytes_d2h = 0
+        leader.riders.append(self)
+
+    @property
+    def full(self) -> bool:
+        return self.leader.full
+
+    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+        """Device slots of `unique_rows`, which the leader has made resident (``record`` is the leader's to count)."""
+        return to_device(self.leader.slot_of_row.index_select(0, unique_rows), self.device, self.pinned)
+
+    def move(self, moves: RowMoves) -> None:
+        self.bytes_d2h += moves.back_rows.numel() * self.row_bytes
+        self.bytes_h2d += moves.load_rows.numel() * self.row_bytes
+        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+
+    def replay(self, unique_rows: torch.Tensor) -> None:
+        """Nothing to decide: the leader's replay places these rows too."""
+
+    def load_resident(self) -> None:
+        _load_occupied(self, self.leader.row_of_slot)
+        self.bytes_h2d = self.bytes_d2h = 0
+
+    def flush(self) -> None:
+        _write_back_occupied(self, self.leader.row_of_slot)
+
+    def counters(self) -> dict[str, float]:
+        return {"hits": float(self.leader.hits), "misses": float(self.leader.misses),
+                "bytes_h2d": float(self.bytes_h2d), "bytes_d2h": float(self.bytes_d2h)}

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
+from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
 from targets.protocol import ConfigError
 from tests.haste_rec.test_cache import ZipfBatches, access_counts, one_intra_op_thread  # noqa: F401 (autouse)
 
@@ -141,7 +142,7 @@ def test_gradients_of_several_backwards_add_up_before_one_step(placement: str):
 def test_cache_fractions_and_pinning_do_not_change_the_numbers():
     cpu = torch.device("cpu")
     want = train(replace(BASE, placement="cached", grad_mode="fused"), cpu)
-    for fractions in ((1.0, 0.01), (0.01, 1.0)):
+    for fractions in ((1.0, 0.01), (0.01, 1.0), (0.3, 0.3)):  # the last: the state rides in the weights' slots
         cfg = replace(BASE, placement="cached", grad_mode="fused", cache_fraction=fractions[0],
                       opt_state_cache_fraction=fractions[1], pin_memory=True)  # pinning is skipped without CUDA
         assert_same(train(cfg, cpu), want, exact=True)
@@ -174,6 +175,22 @@ def test_small_cache_misses_and_hits_and_moves_bytes():
     assert c["cache_rows"] == sum(MAX_UNIQUE) == sum(c[f"cache_rows_t{t}"] for t in range(len(TABLE_ROWS)))
     assert c["bytes_h2d"] == c["param_bytes_h2d"] + c["state_bytes_h2d"]
     assert c["param_bytes_h2d"] == c["param_misses"] * DIM * 4 and c["state_bytes_h2d"] == c["state_misses"] * 4
+
+
+def test_equal_caches_share_their_slots():
+    """With equal capacities the optimizer state rides in the weights' slots (one set of decisions a step): its
+    hits and misses are the weights', its bytes its own rows', and every trained value is bitwise that of two
+    caches deciding apart (a state cache one row per table larger)."""
+    cpu = torch.device("cpu")
+    same, larger = cached(cache_fraction=0.3, opt_state_cache_fraction=0.3), cached(
+        cache_fraction=0.3, opt_state_cache_fraction=0.3 + 1.5 / min(TABLE_ROWS))
+    assert isinstance(EmbeddingStore(TABLE_ROWS, DIM, same, cpu, SEED)._rows.states, SharedSlotRows)
+    assert isinstance(EmbeddingStore(TABLE_ROWS, DIM, larger, cpu, SEED)._rows.states, TableCaches)
+    got = train(same, cpu)
+    assert_same(got, train(larger, cpu), exact=True)
+    c = got.counters
+    assert (c["state_hits"], c["state_misses"]) == (c["param_hits"], c["param_misses"])
+    assert c["state_bytes_h2d"] == c["state_misses"] * 4 and c["state_bytes_d2h"] > 0
 
 
 def test_bigger_cache_misses_less_and_caches_are_independent():
