@@ -28,6 +28,22 @@ def block_medians(blocks: Sequence[Sequence[float]]) -> list[float]:
     return [float(np.median(block)) for block in blocks]
 
 
+def order_correlation(medians: Sequence[float]) -> float:
+    """Spearman's rank correlation of a side's block medians with the order they ran in: near +1 for a side that
+    slowed block after block (a cache filling, a queue building up), near -1 for one that sped up, near 0 for
+    stalls scattered among steady blocks. 0 for fewer than three blocks or all alike."""
+    if len(medians) < 3:
+        return 0.0
+    values = np.asarray(medians, float)
+    _, tie, ties = np.unique(values, return_inverse=True, return_counts=True)
+    ranks = np.empty(values.size)
+    ranks[np.argsort(values, kind="stable")] = np.arange(values.size)
+    ranks = (np.bincount(tie, weights=ranks) / ties)[tie]  # equal medians share their mean rank
+    if np.ptp(ranks) == 0:
+        return 0.0
+    return float(np.corrcoef(np.arange(len(medians), dtype=float), ranks)[0, 1])
+
+
 def pair_ratios(a_medians: Sequence[float], b_medians: Sequence[float]) -> np.ndarray:
     """B's block median over A's, pair by pair (pair r ran in round r of ``block_order``)."""
     a, b = np.asarray(a_medians, float), np.asarray(b_medians, float)

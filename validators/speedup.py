@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -80,7 +81,7 @@ from pydantic import BaseModel, Field
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_runner import ABRunner, Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
-                                 bootstrap_ratio_ci, decide, floor_from, paired_ratio)
+                                 bootstrap_ratio_ci, decide, floor_from, order_correlation, paired_ratio)
 
 # An A/A run may end at half its blocks (at least this many a side) when its bias plus half-width is already below
 # half of MIN_FLOOR there: its floor is MIN_FLOOR either way, unless the second half differed several-fold. `xl`'s
@@ -89,6 +90,8 @@ SETTLED_MIN_BLOCKS = 10
 MAX_STEP_FACTOR = 32  # the faster side runs at most this many times the slower side's steps per block
 DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
 DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run
+DRIFT_CORRELATION = 0.6  # a disturbed side whose block medians follow their order this closely drifted (drift)
+DRIFT_MIN_BLOCKS = 6     # fewer blocks say too little about a trend
 EXTENSION_SEED = 1000  # the bootstrap seed offset of an extension's own interval
 UNCALIBRATED_FLOOR = 0.10  # for callers that skip calibration; the shared 2-core CI box calibrates to 6-10%
 
@@ -304,6 +307,27 @@ def disturbed(result: ABResult, floor: float) -> bool:
     return block_spread(result) > max(DISTURBED_SPREAD, DISTURBED_FLOORS * floor)
 
 
+def drift(result: ABResult) -> str | None:
+    """What a disturbed result's spread was, when it was a trend rather than stalls: a side whose block medians
+    spread by more than DISTURBED_SPREAD and follow their order (``ab_stats.order_correlation`` at least
+    DRIFT_CORRELATION either way) was not in a steady state while it was timed. The final measurement of an H200
+    run at `large-cached` (2026-12-01), timed while the best configuration's device caches filled: its blocks
+    took 24-26 ms for five blocks, then 42-64 ms, rank correlation 0.80 (0.75 in its repeat; the baseline's 0.50 and 0.29)."""
+    said = []
+    for side in (result.a, result.b):
+        medians = side.block_medians
+        if len(medians) < DRIFT_MIN_BLOCKS or min(medians) <= 0 or max(medians) / min(medians) - 1 <= DISTURBED_SPREAD:
+            continue
+        rho = order_correlation(medians)
+        if abs(rho) >= DRIFT_CORRELATION:
+            q = max(1, len(medians) // 4)
+            said.append(f"{side.label}'s blocks {'slowed' if rho > 0 else 'sped up'} as it ran, from "
+                        f"{statistics.median(medians[:q]) * 1e3:.1f} ms (the first {q}) to "
+                        f"{statistics.median(medians[-q:]) * 1e3:.1f} ms (the last {q}), rank correlation {rho:.2f} "
+                        f"with their order: it was not in a steady state")
+    return "; ".join(said) or None
+
+
 def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[ABResult]]:
     """``measure(repeat)`` once; when ``disturbed`` (against its own floor), once more (repeat 1), and quote the
     run of the smaller block spread, its ``note`` saying why: (quoted, every run made). The agent's final
@@ -319,9 +343,10 @@ def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[
         return first.model_copy(update={"note": f"{said}, the repeat failed ({repeat.failure.kind}), and the "
                                                 f"first is quoted"}), [first, repeat]
     quoted = min((first, repeat), key=block_spread)
+    trend = drift(quoted)
     return quoted.model_copy(update={"note": f"{said} (block spread {block_spread(repeat):.0%}), and the steadier "
-                                             f"run, {'the first' if quoted is first else 'the repeat'}, is quoted"}), \
-        [first, repeat]
+                                             f"run, {'the first' if quoted is first else 'the repeat'}, is quoted"
+                                             + (f"; in it, {trend}" if trend else "")}), [first, repeat]
 
 
 def leans_faster(result: ABResult) -> bool:

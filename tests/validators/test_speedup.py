@@ -403,6 +403,37 @@ def test_stalled_blocks_mark_a_measurement_disturbed():
     assert disturbed(run, 0.011) and not disturbed(run, 0.10)
 
 
+# The final measurement of the 2026-12-01 H200 run at `large-cached` (docs/results/2026-12-01-h200-large-cached/):
+# host tables against the best configuration, timed while its device caches filled.
+LARGE_CACHED_BASELINE = [0.1239, 0.1255, 0.125, 0.1434, 0.1264, 0.1322, 0.1263, 0.1259, 0.1298, 0.1318, 0.1262,
+                         0.1296, 0.126, 0.1374, 0.1299, 0.171, 0.1324, 0.1285, 0.1393, 0.1282]
+LARGE_CACHED_FILLING = [0.0249, 0.024, 0.0259, 0.024, 0.033, 0.0454, 0.0463, 0.0503, 0.0509, 0.048, 0.0505, 0.0557,
+                        0.0582, 0.0536, 0.0555, 0.0521, 0.0636, 0.0589, 0.0629, 0.0426]
+
+
+def test_a_side_that_slows_block_after_block_is_named_as_drifting_not_stalled():
+    from validators.ab_stats import order_correlation
+    from validators.speedup import drift
+    assert order_correlation(LARGE_CACHED_FILLING) > 0.75 and abs(order_correlation(LARGE_CACHED_BASELINE)) < 0.6
+    assert order_correlation(LARGE_CACHED_FILLING[::-1]) < -0.75 and order_correlation([1.0, 1.0, 1.0]) == 0.0
+    run = result_for(INCUMBENT, CANDIDATE)
+    run.a.block_medians, run.b.block_medians = LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING
+    said = drift(run)
+    assert said is not None and said.startswith(f"{run.b.label}'s blocks slowed as it ran, from 24.9 ms (the first 5)")
+    assert "not in a steady state" in said and run.a.label not in said
+    run.b.block_medians = [0.029, 0.030, 0.029, 0.060, 0.029, 0.030, 0.058, 0.029]  # stalls among steady blocks
+    assert drift(run) is None
+
+
+def test_bench_vs_says_when_the_quoted_run_drifted(monkeypatch):
+    import sg_opt.compare as compare
+    filling = timed(INCUMBENT, CANDIDATE, LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING)
+    queue = [filling, filling]
+    monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
+    result, _ = compare.compare(INCUMBENT, CANDIDATE, 20, 3, 60, floor=0.038)
+    assert not queue and "the first, is quoted; in it, " in result.note and "slowed as it ran" in result.note
+
+
 @pytest.mark.parametrize("settled_below, blocks", [(1.0, 10), (0.0, 20)])
 def test_an_aa_run_already_settled_at_half_its_blocks_ends_there(settled_below, blocks):
     """An A/A run whose bias plus half-width at half its blocks is below ``settled_below`` stops there and says
