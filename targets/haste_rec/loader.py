@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.shared_ring import RingLoader
+from targets.worker_client import cpu_count
 
 RING_SWITCH = "SG_OPT_LOADER_RING"  # "0": packed batches cross from loader workers as DataLoader storages
 
@@ -48,6 +49,19 @@ def _pin(batch: Batch) -> Batch:
     return batch.pin_memory()
 
 
+def leave_cores_to_workers(workers: int) -> None:
+    """With ``workers`` loader processes busy beside it, the trainer's intra-op threads leave them a core each.
+
+    With a thread on every core, a busy worker preempts one thread of the trainer's OpenMP team and every parallel
+    region then waits at its barrier for that thread's next time slice. On the 2-core VM, steps of short
+    parallel gathers, write-backs and top-k took 400 and 696 ms with two threads beside one busy process, 110 ms
+    with one thread (``python benchmarks/busy_workers.py``). At large-cached on an H200 (2026-12-01), whose step
+    does such host work on 16 threads of 16 CPUs, two and four loader workers made it 1.45x and 2.49x slower.
+    Never raises the count (a numerics run's single thread stays single)."""
+    if workers:
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cpu_count() - workers)))
+
+
 class DeviceBatches:
     """Batches on the training device, built per the data knobs.
 
@@ -69,6 +83,7 @@ class DeviceBatches:
         self.loader = self.ring if self.ring is not None else iter(DataLoader(
             BatchStream(source, start, prepare), batch_size=None, num_workers=workers, pin_memory=self.pin,
             prefetch_factor=PREFETCH_FACTOR if workers else None, persistent_workers=workers > 0))
+        leave_cores_to_workers(workers)
         self.stream = torch.cuda.Stream(device) if (prefetch and cuda) else None
         # Batches that can be built ahead of the step: the DataLoader keeps up to workers x PREFETCH_FACTOR
         # outstanding (built, being built or being pinned), the ring every slot it does not hold; the side

@@ -2,6 +2,7 @@
 and data-loading knob trains along the baseline's trajectory within its declared numerics class,
 and semantic grouping beats random grouping on P@1."""
 
+import gc
 import multiprocessing
 import statistics
 
@@ -95,6 +96,19 @@ def test_data_workers_give_identical_batches():
     reference, _ = train({})
     losses, _ = train({"data_workers": 2})
     assert losses == reference
+
+
+@pytest.mark.parametrize("threads, workers, left", [(8, 2, 6), (8, 4, 4), (8, 0, 8), (1, 2, 1), (2, 4, 2)])
+def test_the_trainer_leaves_a_core_to_each_loader_worker(monkeypatch, threads, workers, left):
+    """With 8 CPUs and 8 threads, two loader workers leave the trainer 6 (an OpenMP team over every core stalls
+    beside busy processes: loader.leave_cores_to_workers); a single thread, as numerics runs use, stays one."""
+    import targets.haste_rec.loader as loader
+    monkeypatch.setattr(loader, "cpu_count", lambda: 8)
+    torch.set_num_threads(threads)
+    losses = train({"data_workers": workers}, steps=2)[0]
+    assert torch.get_num_threads() == left
+    gc.collect()  # the session's workers end with it, before the next test counts its own
+    assert losses == train({}, steps=2)[0]
 
 
 def test_loader_workers_are_forked_before_the_tables_exist(monkeypatch):
