@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import queue
+import signal
 import subprocess
 import tempfile
 import threading
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Any, Literal, Sequence, get_args
 
 from targets.fork_server import start_python
-from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, ask_for_stacks, device_env, exit_reason,
-                                   kill_tree, scrubbed_env, torchrun)
+from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, ask_for_stacks, descendants, device_env,
+                                   exit_reason, kill_tree, scrubbed_env, torchrun)
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 
 QUIT_GRACE_S = 10.0
 PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
+HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
 Side = Literal["a", "b"]
 
 
@@ -214,6 +216,7 @@ class ABRunner:
         self.workers: dict[str, _Worker] = {}
         self.ready: dict[str, dict[str, Any]] = {}
         self.ready_s: dict[str, float] = {}  # seconds from the start of the workers to each one's ready line
+        self.held: dict[str, list[int]] = {}  # the stopped processes below each idle side (_hold)
 
     def __enter__(self) -> "ABRunner":
         self.deadline = time.monotonic() + self.timeout_s
@@ -269,15 +272,42 @@ class ABRunner:
                 "warmup": stamps["warm"] - stamps["built"]}
 
     def run(self, side: Side, steps: int) -> list[float]:
-        """One block of ``steps`` steps on one side; its per-step seconds."""
+        """One block of ``steps`` steps on one side; its per-step seconds. Only this side's processes run meanwhile
+        (``_hold``)."""
         worker = self.workers[side]
+        self._hold("b" if side == "a" else "a")
+        self._release(side)
         worker.send({"cmd": "run", "steps": steps})
         reply = worker.receive(self.deadline, f"a block of {steps} steps")
         if not reply.get("loss_finite", False):
             raise SideFailed(worker.label, "nan", "the loss became non-finite during a timed block")
         return [float(t) for t in reply["step_s"]]
 
+    def _hold(self, side: Side) -> None:
+        """Stop the processes a side's worker started (loader workers: they refill its queues while it idles) until
+        its next block, so that they never take cores from the other side's timed block. A trainer over every
+        core stalls beside a busy process (``benchmarks/busy_workers.py``: 4-7x on the 2-core VM), so a side
+        whose loader refilled during the other's block would slow that block and look faster itself. A ranked
+        side is left alone: its ranks are the processes below it, and they talk to each other between blocks."""
+        if self.specs[side].ranks > 1 or os.environ.get(HOLD_SWITCH, "1") == "0":
+            return
+        for pid in descendants(self.workers[side].proc.pid):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                self.held.setdefault(side, []).append(pid)
+            except ProcessLookupError:
+                pass
+
+    def _release(self, side: Side) -> None:
+        for pid in self.held.pop(side, []):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        for side in list(self.held):  # a held loader worker would keep its session's graceful quit waiting
+            self._release(side)
         for worker in self.workers.values():
             worker.close(graceful=exc_type is None)
         self._folder.cleanup()

@@ -454,3 +454,25 @@ def test_calibration_asks_its_aa_runs_to_stop_once_settled_below_half_the_minimu
                         or result_for(INCUMBENT, INCUMBENT, verdict="no-difference", ratio=1.0))
     calibrate_noise_floor(INCUMBENT, 40, 3, 60, repeats=2)
     assert asked == [MIN_FLOOR / 2] * 2
+
+
+def _states(pids: list[int]) -> set[str]:
+    """The scheduler states of processes (/proc/PID/stat: R running, S sleeping, T stopped)."""
+    return {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in pids}
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_an_idle_sides_helper_processes_are_held_while_the_other_side_is_timed():
+    """Each side's session starts a busy helper (as loader workers are): during a side's block the other side's
+    helpers are stopped, its own run; none is held once the measurement ends."""
+    from targets.worker_client import descendants
+    from validators.ab_runner import ABRunner
+    spec = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
+                         config={"behaviour": "helper"})
+    with ABRunner(spec, spec, timeout_s=120) as runner:
+        helpers = {side: descendants(worker.proc.pid) for side, worker in runner.workers.items()}
+        assert all(helpers.values())
+        for side, other in (("a", "b"), ("b", "a"), ("a", "b")):
+            assert len(runner.run(side, 2)) == 2
+            assert _states(helpers[other]) == {"T"} and "T" not in _states(helpers[side])
+    assert not runner.held
