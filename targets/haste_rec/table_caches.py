@@ -259,7 +259,11 @@ class SharedSlotRows:
 
     def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
         """Device slots of `unique_rows`, which the leader has made resident (``record`` is the leader's to count)."""
-        return to_device(self.leader.slot_of_row.index_select(0, unique_rows), self.device, self.pinned)
+        slots = self.leader.slot_of_row.index_select(0, unique_rows)
+        if bool((slots < 0).any()):  # a caller that skipped the leader's prepare would update row -1's slot
+            raise RuntimeError("optimizer state asked for rows whose weights are not in the cache: prepare the "
+                               "weights' cache for them first")
+        return to_device(slots, self.device, self.pinned)
 
     def move(self, moves: RowMoves) -> None:
         self.bytes_d2h += moves.back_rows.numel() * self.row_bytes

@@ -297,3 +297,18 @@ def test_planned_split_beats_uniform_on_skewed_tables(eviction: str):
     print(f"{eviction}: planned/uniform misses = {planned_misses}/{uniform_misses} "
           f"= {planned_misses / uniform_misses:.3f} (capacities {planned} vs {uniform})")
     assert planned_misses < uniform_misses
+
+
+def test_riding_rows_move_with_their_leaders_and_refuse_rows_it_does_not_hold():
+    from targets.haste_rec.table_caches import SharedSlotRows
+    weights = TableCaches(torch.arange(30, dtype=torch.float32).view(15, 2), [10, 5], [3, 2], "lru", CPU)
+    state = SharedSlotRows(weights, torch.arange(15, dtype=torch.float32).view(15, 1) + 100)
+    slots = weights.prepare(rows(1, 4, 9, 11, 14))
+    assert torch.equal(state.prepare(rows(1, 4, 9, 11, 14)), slots)
+    assert state.device_rows[slots].flatten().tolist() == [101.0, 104.0, 109.0, 111.0, 114.0]
+    state.device_rows[slots[3]] = -1.0                  # row 11's state, updated in its slot...
+    weights.prepare(rows(12, 13))                         # ...written back when the weights evict row 11
+    assert state.host_rows[11].tolist() == [-1.0]
+    assert state.counters() == {"hits": 0, "misses": 7, "bytes_h2d": 28, "bytes_d2h": 8}
+    with pytest.raises(RuntimeError, match="not in the cache"):
+        state.prepare(rows(11))
