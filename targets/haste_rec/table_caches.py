@@ -7,6 +7,11 @@ with one set of whole-array operations, not one set per table (26 at size large)
 table come from one ``topk`` over a [tables, capacity] view of the eviction keys, not one per table. All
 tables' slots are slices of one device buffer, so a batch of every table is read and updated through
 shared slot numbers in one operation; rows move with one read-back and one load per prepare (``move_rows``).
+
+Two more things serve the steady state of training, in which the caches are full and every miss evicts:
+``replay`` fast-forwards the caches there before the first step (only the decisions; the resident rows then
+load at once), and ``SharedSlotRows`` keeps a second array's rows (the optimizer state) in the same slots when
+its cache would decide the same, so one set of decisions serves both.
 """
 
 from __future__ import annotations
