@@ -215,22 +215,31 @@ class _CachedRows(_Rows):
         if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
 
-    def warm(self, batches_rows: Iterable[torch.Tensor]) -> int:
+    def warm(self, batches_rows: Iterable[torch.Tensor],
+             remembered: Callable[[Callable[[], dict]], dict] = lambda replay: replay()) -> int:
         """Both caches as training leaves them once they are full, before the first step; returns the batches
         replayed. Each batch's sorted distinct rows go through the slot decisions of a step (a lookup, then the
         state's update), until every table's caches are full or the batches run out; then the resident rows
         load at once. Values are the host's either way: only which rows sit on the device, and in what eviction
-        order, is fast-forwarded."""
-        replayed = 0
-        for rows in batches_rows:
-            if self.params.full and self.states.full:
-                break
-            self.params.replay(rows)
-            self.states.replay(rows)
-            replayed += 1
+        order, is fast-forwarded. `remembered(replay)` may give the decisions an earlier replay saved (the build
+        cache) instead of calling it."""
+        def replay() -> dict:
+            replayed = 0
+            for rows in batches_rows:
+                if self.params.full and self.states.full:
+                    break
+                self.params.replay(rows)
+                self.states.replay(rows)
+                replayed += 1
+            return {"params": self.params.decisions(), "states": self.states.decisions(),
+                    "replayed": torch.tensor(replayed)}
+
+        decided = remembered(replay)
+        self.params.adopt(decided["params"])
+        self.states.adopt(decided["states"])
         self.params.load_resident()
         self.states.load_resident()
-        return replayed
+        return int(decided["replayed"])
 
     def lookup(self, ids, offsets, weights, record):
         lookup = make_lookup(ids, offsets, weights, self.device)

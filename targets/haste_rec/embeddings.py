@@ -25,6 +25,7 @@ from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.cache_plan import plan_capacities
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
+from targets.haste_rec import build_cache, embedding_rows, row_ops, table_caches
 from targets.haste_rec.row_ops import TableLayout, coalesce_rows, unique_ids
 from targets.protocol import ConfigError
 
@@ -162,14 +163,20 @@ class EmbeddingStore(nn.Module):
         gradient = self._gradient()
         return 0.0 if gradient is None else float(gradient[1].pow(2).sum())
 
-    def warm_caches(self, batches: Iterable[Batch]) -> None:
+    def warm_caches(self, batches: Iterable[Batch],
+                    remembered: Callable[[tuple, Callable[[], dict]], dict] | None = None) -> None:
         """Placement cached: fast-forward the device caches to the state training keeps them in, full, by
         replaying the rows of `batches` (``_CachedRows.warm``; lazily drawn, as many as filling takes). A step
         on filling caches loads rows but writes none back: timed then, the cache looks cheaper than it is in
-        training (see model.CACHE_WARM_BATCHES)."""
-        if isinstance(self._rows, _CachedRows):
-            self.warm_batches = self._rows.warm(unique_ids(self.layout.flatten(batch, CPU)[0])[0]
-                                                for batch in batches)
+        training (see model.CACHE_WARM_BATCHES). `remembered(key, replay)`, given, may answer with what an
+        earlier replay of the same batches decided for caches of the same shape (``key`` says which)."""
+        if not isinstance(self._rows, _CachedRows):
+            return
+        rows = (unique_ids(self.layout.flatten(batch, CPU)[0])[0] for batch in batches)
+        key = (tuple(self.cache_rows), tuple(self.state_cache_rows), self.cfg.eviction,
+               build_cache.source_digest((table_caches, embedding_rows, row_ops)))
+        self.warm_batches = self._rows.warm(rows, (lambda replay: remembered(key, replay)) if remembered else
+                                            (lambda replay: replay()))
 
     # -- inspection -----------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:

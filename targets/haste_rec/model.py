@@ -154,7 +154,9 @@ class HasteRecModel(nn.Module):
         counts, max_unique = cache_plan_inputs(data, size, emb_cfg)
         self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,
                                          access_counts=counts, max_unique_per_batch=max_unique)
-        self.embeddings.warm_caches(data.train_batch(-1 - i) for i in range(CACHE_WARM_BATCHES))
+        self.embeddings.warm_caches((data.train_batch(-1 - i) for i in range(CACHE_WARM_BATCHES)),
+                                    lambda key, replay: _maybe_cached("cache-warm", _build_key(
+                                        data, CACHE_WARM_BATCHES, *key), replay))
         torch.manual_seed(seed)
         in_dim = size.num_tables * size.embedding_dim + size.num_dense
         self.encoder = Encoder(in_dim, size.encoder_hidden, size.hidden).to(device)

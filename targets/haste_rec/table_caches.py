@@ -107,6 +107,25 @@ class TableCaches:
         every host row is current, so an evicted row needs no write-back (``load_resident`` then loads them)."""
         self._assign(unique_rows, record=True)
 
+    def decisions(self) -> dict[str, torch.Tensor]:
+        """Where every row sits and how recently and often each slot was used: what ``replay`` arrives at, to be
+        saved and given to ``adopt`` (the build cache keeps it for the next worker)."""
+        return {"row_of_slot": self.row_of_slot.clone(), "last_use": self.last_use.clone(),
+                "use_count": self.use_count.clone(), "filled": self.filled.clone(), "clock": torch.tensor(self.clock)}
+
+    def adopt(self, decisions: dict[str, torch.Tensor]) -> None:
+        """The state ``decisions()`` saved, before training (``load_resident`` then loads the rows)."""
+        if decisions["row_of_slot"].shape != self.row_of_slot.shape:
+            raise ValueError("saved cache decisions are for other capacities")
+        self.row_of_slot.copy_(decisions["row_of_slot"])
+        self.last_use.copy_(decisions["last_use"])
+        self.use_count.copy_(decisions["use_count"])
+        self.filled.copy_(decisions["filled"])
+        self.clock = int(decisions["clock"])
+        self.slot_of_row.fill_(-1)
+        occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
+        self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)
+
     def load_resident(self) -> None:
         """After ``replay``: every occupied slot's row from the host, LOAD_CHUNK_ROWS at a time (a staging buffer
         of 32 MB at width 128, where all at once would be 2.7 GB of page-locked memory at large-cached); counters
@@ -277,6 +296,12 @@ class SharedSlotRows:
 
     def replay(self, unique_rows: torch.Tensor) -> None:
         """Nothing to decide: the leader's replay places these rows too."""
+
+    def decisions(self) -> dict[str, torch.Tensor]:
+        return {}  # the leader's are these rows' too
+
+    def adopt(self, decisions: dict[str, torch.Tensor]) -> None:
+        pass
 
     def load_resident(self) -> None:
         _load_occupied(self, self.leader.row_of_slot)

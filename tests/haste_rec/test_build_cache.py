@@ -62,3 +62,29 @@ def test_a_cache_folder_that_cannot_be_made_costs_the_cache_not_the_build(tmp_pa
     reference = _layout()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert all(torch.equal(a, b) for a, b in zip(reference, _layout()))
+
+
+def test_a_second_cached_session_adopts_the_first_ones_warmed_caches(tmp_path, monkeypatch):
+    """The caches' replay before training (model.CACHE_WARM_BATCHES) is a pure function of the data and the
+    caches' shapes: a second build reads its decisions back, replays nothing, and holds the same rows in the same
+    slots; other capacities get their own entry."""
+    from targets.haste_rec.knobs import KNOB_SPACE
+    from targets.haste_rec.table_caches import TableCaches
+    from targets.haste_rec.target import build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cached = {"embedding_placement": "cached", "embedding_grad_mode": "fused", "embedding_cache_fraction": 0.3}
+
+    def caches(overrides: dict) -> TableCaches:
+        return build(KNOB_SPACE.resolve(overrides), "tiny", {}, "cpu", 0).model.embeddings._rows.params
+
+    first = caches(cached)
+    assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("cache-warm-*.pt"))) == 1
+    replays = []
+    monkeypatch.setattr(TableCaches, "replay", lambda self, rows: replays.append(rows))
+    second = caches(cached)
+    assert not replays, "the warmed caches were replayed again"
+    for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
+        assert torch.equal(getattr(first, name), getattr(second, name)), name
+    assert first.clock == second.clock > 0
+    caches({**cached, "embedding_cache_fraction": 0.4})
+    assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("cache-warm-*.pt"))) == 2
