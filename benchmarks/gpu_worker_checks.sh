@@ -22,6 +22,7 @@ check() {  # check SWITCH TEST_FILE...
     fi
 }
 OUT_FILE=$1; : > "$OUT_FILE"
+echo "== /dev/shm (the loader's shared slots live there): $(df -h /dev/shm 2>/dev/null | tail -1)" >> "$OUT_FILE"
 check SG_OPT_FORK_SERVER tests/test_fork_server.py tests/test_digest.py
 check SG_OPT_PRESTART tests/validators/test_prestart.py
 check SG_OPT_LOADER_RING tests/haste_rec/test_shared_ring.py

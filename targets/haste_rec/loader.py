@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Protocol
 
 import os
+import sys
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from targets.haste_rec.batch import Batch
-from targets.haste_rec.shared_ring import RingLoader
+from targets.haste_rec.shared_ring import RingLoader, RingUnavailable
 from targets.worker_client import cpu_count
 
 RING_SWITCH = "SG_OPT_LOADER_RING"  # "0": packed batches cross from loader workers as DataLoader storages
@@ -62,6 +63,17 @@ def leave_cores_to_workers(workers: int) -> None:
         torch.set_num_threads(max(1, min(torch.get_num_threads(), cpu_count() - workers)))
 
 
+def _ring_or_none(source: BatchSource, prepare: Callable[[Batch], Any], workers: int, start: int,
+                  pin: bool) -> RingLoader | None:
+    """The shared-slot loader, or None (the DataLoader's hand-over, the same batches) where its slots would not fit
+    this machine's shared memory; it says so on stderr."""
+    try:
+        return RingLoader(source, prepare, workers, start, PREFETCH_FACTOR, pin=pin)
+    except RingUnavailable as exc:
+        print(f"note: {exc}; packed batches cross as storages instead", file=sys.stderr)
+        return None
+
+
 class DeviceBatches:
     """Batches on the training device, built per the data knobs.
 
@@ -78,7 +90,7 @@ class DeviceBatches:
         cuda = device.type == "cuda"
         self.device, self.sparse_on_device = device, sparse_on_device
         self.pin = pin_memory and cuda
-        self.ring = (RingLoader(source, prepare, workers, start, PREFETCH_FACTOR, pin=self.pin)
+        self.ring = (_ring_or_none(source, prepare, workers, start, self.pin)
                      if workers and prepare is not None and os.environ.get(RING_SWITCH, "1") != "0" else None)
         self.loader = self.ring if self.ring is not None else iter(DataLoader(
             BatchStream(source, start, prepare), batch_size=None, num_workers=workers, pin_memory=self.pin,

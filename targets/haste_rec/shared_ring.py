@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection
@@ -28,10 +29,26 @@ import torch
 
 from targets.haste_rec.batch import PackedBatch
 
+SHM = "/dev/shm"
+SHM_SHARE = 0.25  # the most of /dev/shm's free space one ring takes (the other side's ring and storages need room)
 HOLD = 3          # batches the trainer takes before a slot is reused (the one in use, one prefetched, a spare)
 SLOT_HEADROOM = 2  # slot bytes over the first batch's: bags and label lists vary around their means
 PAGE = 4096
 POLL_S = 1.0      # how often a waiting trainer checks that its workers are still alive
+
+
+class RingUnavailable(RuntimeError):
+    """The slots would not fit this machine's shared memory: the caller hands batches over as storages instead."""
+
+
+def shared_memory_free() -> int | None:
+    """Bytes free in /dev/shm, where the slots live (None where there is no such file system). A container's
+    default is 64 MB, and a write to a shared page it cannot back kills the writer with SIGBUS."""
+    try:
+        stats = os.statvfs(SHM)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 def _worker(source: Any, prepare: Callable[[Any], PackedBatch], slots: torch.Tensor, first: int, step: int,
@@ -76,6 +93,10 @@ class RingLoader:
         first = prepare(source.train_batch(start))  # sizes the slots (built again by its worker: same bytes)
         slot_bytes = math.ceil(first.buffer.numel() * SLOT_HEADROOM / PAGE) * PAGE
         self.workers, self.per_worker = workers, slots_per_worker + -(-HOLD // workers)
+        need, free = workers * self.per_worker * slot_bytes, shared_memory_free()
+        if free is not None and need > SHM_SHARE * free:
+            raise RingUnavailable(f"the loader's shared slots need {need / 2**20:.0f} MiB of {SHM}, more than "
+                                  f"{SHM_SHARE:.0%} of the {free / 2**20:.0f} MiB free there")
         self.slots = torch.empty((workers * self.per_worker, slot_bytes), dtype=torch.uint8).share_memory_()
         ctx = mp.get_context("fork")  # the slots are inherited, not passed
         self.procs, self.free, self.filled = [], [], []

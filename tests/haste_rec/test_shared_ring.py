@@ -36,6 +36,19 @@ def test_the_ring_gives_the_bytes_the_dataloader_gives_in_the_same_order(monkeyp
     assert batches(monkeypatch, True, workers, 10) == batches(monkeypatch, False, workers, 10)
 
 
+def test_slots_that_would_crowd_shared_memory_give_way_to_the_dataloader(monkeypatch, capsys):
+    """Where /dev/shm is small (a container's default is 64 MB), the loader hands packed batches over as
+    storages, the same bytes, and says why; the ring takes at most SHM_SHARE of what is free."""
+    reference = batches(monkeypatch, False, 2, 6)
+    monkeypatch.setattr(shared_ring, "shared_memory_free", lambda: 4096)  # one page
+    monkeypatch.setenv(RING_SWITCH, "1")
+    source, preset = training_data("tiny", 0)
+    stream = loader_first(source, preset, KNOB_SPACE.resolve({"data_workers": 2, "pack_batches": True}), CPU)
+    assert stream.ring is None
+    assert [bytes(next(stream).buffer.numpy()) for _ in range(6)] == reference
+    assert "of /dev/shm" in capsys.readouterr().err
+
+
 def test_a_batch_is_not_rewritten_until_the_trainer_has_taken_hold_more():
     source, preset = training_data("tiny", 0)
     pack = TableLayout(preset.table_rows).pack
