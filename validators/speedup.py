@@ -420,7 +420,9 @@ def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: Noise
         return Confirmation(accepted=False, runs=runs + again,
                             reason=f"the win did not hold in fresh processes: the second measurement {_said(again)} "
                                    f"(ratio {last.ratio}, interval {last.ci_low}..{last.ci_high})")
+    drifted = next((said for run in runs + again if (said := drift(run))), None)  # said, not judged: see drift
     return Confirmation(accepted=True, runs=runs + again,
                         reason=f"faster twice in fresh processes: ratios {runs[-1].ratio:.4f} and {last.ratio:.4f}, "
                                f"both intervals below 1 - {last.floor:.4f}"
-                               + (" (extended once: it leaned faster)" if len(runs + again) > 2 else ""))
+                               + (" (extended once: it leaned faster)" if len(runs + again) > 2 else "")
+                               + (f"; but {drifted}" if drifted else ""))

@@ -476,3 +476,17 @@ def test_an_idle_sides_helper_processes_are_held_while_the_other_side_is_timed()
             assert len(runner.run(side, 2)) == 2
             assert _states(helpers[other]) == {"T"} and "T" not in _states(helpers[side])
     assert not runner.held
+
+
+def test_a_win_measured_while_a_side_drifted_says_so(monkeypatch):
+    """The 2026-12-01 `large-cached` run accepted the device cache (#2) while its caches filled: a win whose
+    measurements show a side slowing block after block is still accepted (the protocol's verdict), and its reason
+    says the side was not in a steady state."""
+    drifting = timed(INCUMBENT, CANDIDATE, LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING)
+    assert drifting.verdict == "faster"
+    scripted(monkeypatch, drifting, drifting)
+    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.038, 20, 3, 60)
+    assert confirmation.accepted and "; but candidate's blocks slowed as it ran" in confirmation.reason
+    steady = timed(INCUMBENT, CANDIDATE, [0.110, 0.111, 0.110, 0.109], [0.050, 0.051, 0.050, 0.050])
+    scripted(monkeypatch, steady, steady)
+    assert "steady state" not in confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 3, 60).reason
