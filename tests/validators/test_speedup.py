@@ -1,25 +1,19 @@
-"""The side-by-side benchmark cannot fool itself: its statistics on synthetic timings with known truth,
-its protocol and failures through real workers, and one real A/A of the reference trainer."""
+"""The side-by-side benchmark cannot fool itself: its statistics on synthetic timings with known truth and its
+protocol on canned results (real workers: ``test_ab_workers.py``; disturbed and drifting runs:
+``test_disturbed.py``)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import validators.speedup as speedup
-from targets.protocol import Target
-from targets.worker_client import scrubbed_env
 from targets.worker_protocol import Failure, WorkerRequest
-from tests.fixtures.faulty_target import target as faulty
 from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio
 from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
-                                assert_sides, calibrate_noise_floor, confirm_win, equal_time_steps, measure_ab,
+                                assert_sides, calibrate_noise_floor, confirm_win, equal_time_steps,
                                 spec_digest)
 from validators.ab_runner import overlap_builds, shared_cpus
 
@@ -242,20 +236,6 @@ def test_the_extension_finds_more_true_wins_and_no_more_false_ones(monkeypatch):
     assert win_with >= win_without + 0.1
 
 
-def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(monkeypatch):
-    """As the agent's final measurement does (session 10 at `large`: winner blocks of 9.4-16.0 ms)."""
-    import sg_opt.compare as compare
-    stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])
-    steady = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
-    for runs, quoted, words in (([stalled, steady], steady, "the repeat, is quoted"),
-                                ([steady], steady, None), ([stalled, stalled], stalled, "the first, is quoted")):
-        queue = list(runs)
-        monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
-        result, _ = compare.compare(INCUMBENT, CANDIDATE, 4, 3, 60, floor=0.01)
-        assert not queue and result.ratio == quoted.ratio
-        assert (result.note is None) if words is None else (words in result.note and "disturbed" in result.note)
-
-
 def test_assert_sides_accepts_the_right_sides_and_catches_a_swap():
     assert_sides(result_for(INCUMBENT, CANDIDATE), INCUMBENT, CANDIDATE)
     with pytest.raises(SidesMismatch, match="swapped"):
@@ -282,74 +262,6 @@ def test_spec_digest_sees_kernel_sources_not_just_their_path(tmp_path):
     assert spec_digest(INCUMBENT) == spec_digest(INCUMBENT.model_copy(update={"steps": 99}))
 
 
-# -- real workers ----------------------------------------------------------------------------------
-
-def _loud_build(config, size, kernels, device, seed=0):
-    print("user output that must not reach the protocol")
-    os.write(1, b"native output on fd 1\n")
-    return faulty.build(config, size, kernels, device, seed)
-
-
-LOUD = Target(name="loud", description="prints while building (tests only)", knob_space=faulty.knob_space,
-              sizes=faulty.sizes, build=_loud_build, phases=faulty.phases)
-LOUD_SPEC = WorkerRequest(target="tests.validators.test_speedup:LOUD", size="tiny", mode="bench", warmup=1)
-
-
-def test_worker_protocol_keeps_stdout_clean(tmp_path):
-    request = tmp_path / "request.json"
-    request.write_text(LOUD_SPEC.model_dump_json())
-    commands = "\n".join(json.dumps(c) for c in ({"cmd": "run", "steps": 4}, {"cmd": "run", "steps": 2},
-                                                 {"cmd": "quit"})) + "\n"
-    done = subprocess.run([sys.executable, "-m", "validators.ab_worker", "--request", str(request)], input=commands,
-                          capture_output=True, text=True, timeout=120, env=scrubbed_env(), cwd=Path.cwd())
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert done.returncode == 0, done.stderr
-    assert lines[0]["ready"] and lines[0]["config"] == {"behaviour": "ok"}
-    assert [len(r["step_s"]) for r in lines[1:]] == [4, 2] and all(r["loss_finite"] for r in lines[1:])
-    assert "must not reach the protocol" in done.stderr and "native output" in done.stderr
-
-
-@pytest.mark.parametrize("behaviour,kind", [("raise", "exception"), ("nan", "nan"), ("crash", "crash")])
-def test_a_failing_side_fails_the_measurement_with_its_label(behaviour, kind):
-    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    bad = ok.model_copy(update={"config": {"behaviour": behaviour}})
-    result = measure_ab(ok, bad, blocks=2, steps_per_block=2, timeout_s=120)
-    assert result.verdict == "failed" and result.failure.kind == kind
-    assert result.failure.message.startswith("candidate: ") and result.ratio is None
-    if behaviour == "crash":
-        assert "SIGABRT" in result.failure.message
-
-
-def test_a_hanging_side_is_killed_at_the_time_limit():
-    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    hang = ok.model_copy(update={"config": {"behaviour": "hang"}})
-    result = measure_ab(hang, ok, blocks=2, steps_per_block=2, timeout_s=10, label_a="left", label_b="right")
-    assert result.verdict == "failed" and result.failure.kind == "timeout" and result.failure.message.startswith("left")
-    assert result.wall_s < 25
-
-
-def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited():
-    """As a loader worker stuck under a trainer waiting for its batch: the failure holds both processes' stacks."""
-    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    hang = ok.model_copy(update={"config": {"behaviour": "hang-in-child"}})
-    result = measure_ab(ok, hang, blocks=2, steps_per_block=2, timeout_s=10)
-    assert result.verdict == "failed" and result.failure.kind == "timeout"
-    detail = result.failure.detail
-    assert "in _misbehave" in detail and "in _sleep_in_child" in detail  # the trainer's wait, the child's sleep
-
-
-def test_real_aa_of_the_reference_trainer_is_not_faster():
-    result = measure_ab(INCUMBENT, INCUMBENT, blocks=6, steps_per_block=10, timeout_s=240)
-    assert result.failure is None, result.failure
-    assert result.verdict != "faster", result
-    assert result.ratio_definition == "candidate_time / incumbent_time (below 1 is faster)"
-    assert result.ci_low <= result.ratio <= result.ci_high and result.speedup == pytest.approx(1 / result.ratio)
-    assert len(result.a.block_medians) == 6 and result.a.config["embedding_grad_mode"] == "dense"
-    assert result.side_steps["a"] >= 10 and result.side_steps["b"] >= 10  # same config: about the same length
-    assert result.a.cpus == result.b.cpus == result.cpus == shared_cpus(INCUMBENT, INCUMBENT)  # the same cores
-    assert_sides(result, INCUMBENT, INCUMBENT)
-
-
 def test_a_faster_side_runs_more_steps_so_both_blocks_last_as_long():
     settle = {"a": [0.116, 0.115, 0.117], "b": [0.0088, 0.0087, 0.0090]}  # the session-8 `large` final, roughly
     assert equal_time_steps(settle, 3) == {"a": 3, "b": 40}  # ceil(3 * 0.116 / 0.0088)
@@ -368,84 +280,11 @@ def test_blocks_last_block_seconds_after_the_incumbent_got_faster():
     assert equal_time_steps({"a": [1e-6], "b": [1e-6]}, 3, block_seconds=0.3) == {"a": 96, "b": 96}
 
 
-def test_real_blocks_last_at_least_block_seconds():
-    # a steady step of about 1 ms (a sleep: a sub-millisecond step's time on a busy 2-core VM varied 3x between
-    # the steps that size the blocks and the timed ones, and a block lasted a third of its 4 ms)
-    quick = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=1,
-                          config={"behaviour": "slow"})
-    result = measure_ab(quick, quick, blocks=2, steps_per_block=2, timeout_s=60, block_seconds=0.02)
-    assert result.failure is None and result.block_seconds == 0.02 and result.steps_per_block == 2
-    for side in ("a", "b"):  # many more than 2 steps fill a block of 20 ms
-        steps, per_step = result.side_steps[side], float(np.median(getattr(result, side).block_medians))
-        assert 2 < steps < 2 * MAX_STEP_FACTOR
-        assert steps * per_step > 0.5 * 0.02, (steps, per_step)
-        assert 0 < getattr(result, side).ready_s < result.wall_s  # how long the side took to start and warm up
-        startup = getattr(result, side).startup  # the worker's own split of it (on a CPU, a builds after b waits)
-        assert set(startup) == {"start", "build", "warmup"} and all(t >= 0 for t in startup.values())
-        assert startup["start"] > 0 and sum(startup.values()) <= getattr(result, side).ready_s + 0.05
-
-
 def test_sides_build_at_once_only_on_a_gpu():
     cpu = INCUMBENT
     gpu = INCUMBENT.model_copy(update={"device": "cuda"})
     assert overlap_builds(gpu, gpu.model_copy(update={"device": "cuda:0"}))
     assert not overlap_builds(cpu, cpu) and not overlap_builds(gpu, cpu)
-
-
-def test_stalled_blocks_mark_a_measurement_disturbed():
-    from validators.speedup import block_spread, disturbed
-    run = result_for(INCUMBENT, CANDIDATE)
-    run.a.block_medians, run.b.block_medians = [0.117, 0.117, 0.117, 0.220, 0.190, 0.334], [0.029, 0.030, 0.029]
-    assert block_spread(run) == pytest.approx(0.334 / 0.117 - 1) and disturbed(run, 0.011)
-    run.a.block_medians = [0.117, 0.1184, 0.1165]  # a steady side: 1.6% (the GPU's A/A blocks)
-    assert not disturbed(run, 0.011)
-    run.a.block_medians = [0.100, 0.140]  # 40%: disturbed on a GPU (floor 0.011), noise on a busy CPU box
-    assert disturbed(run, 0.011) and not disturbed(run, 0.10)
-
-
-# The final measurement of the 2026-12-01 H200 run at `large-cached` (docs/results/2026-12-01-h200-large-cached/):
-# host tables against the best configuration, timed while its device caches filled.
-LARGE_CACHED_BASELINE = [0.1239, 0.1255, 0.125, 0.1434, 0.1264, 0.1322, 0.1263, 0.1259, 0.1298, 0.1318, 0.1262,
-                         0.1296, 0.126, 0.1374, 0.1299, 0.171, 0.1324, 0.1285, 0.1393, 0.1282]
-LARGE_CACHED_FILLING = [0.0249, 0.024, 0.0259, 0.024, 0.033, 0.0454, 0.0463, 0.0503, 0.0509, 0.048, 0.0505, 0.0557,
-                        0.0582, 0.0536, 0.0555, 0.0521, 0.0636, 0.0589, 0.0629, 0.0426]
-
-
-def test_a_side_that_slows_block_after_block_is_named_as_drifting_not_stalled():
-    from validators.ab_stats import order_correlation
-    from validators.speedup import drift
-    assert order_correlation(LARGE_CACHED_FILLING) > 0.75 and abs(order_correlation(LARGE_CACHED_BASELINE)) < 0.6
-    assert order_correlation(LARGE_CACHED_FILLING[::-1]) < -0.75 and order_correlation([1.0, 1.0, 1.0]) == 0.0
-    run = result_for(INCUMBENT, CANDIDATE)
-    run.a.block_medians, run.b.block_medians = LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING
-    said = drift(run)
-    assert said is not None and said.startswith(f"{run.b.label}'s blocks slowed as it ran, from 24.9 ms (the first 5)")
-    assert "not in a steady state" in said and run.a.label not in said
-    run.b.block_medians = [0.029, 0.030, 0.029, 0.060, 0.029, 0.030, 0.058, 0.029]  # stalls among steady blocks
-    assert drift(run) is None
-
-
-def test_bench_vs_says_when_the_quoted_run_drifted(monkeypatch):
-    import sg_opt.compare as compare
-    filling = timed(INCUMBENT, CANDIDATE, LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING)
-    queue = [filling, filling]
-    monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
-    result, _ = compare.compare(INCUMBENT, CANDIDATE, 20, 3, 60, floor=0.038)
-    assert not queue and "the first, is quoted; in it, " in result.note and "slowed as it ran" in result.note
-
-
-@pytest.mark.parametrize("settled_below, blocks", [(1.0, 10), (0.0, 20)])
-def test_an_aa_run_already_settled_at_half_its_blocks_ends_there(settled_below, blocks):
-    """An A/A run whose bias plus half-width at half its blocks is below ``settled_below`` stops there and says
-    so; one that is not runs all its blocks. Either way each side went first equally often."""
-    steady = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
-                           config={"behaviour": "slow"})
-    result = measure_ab(steady, steady, blocks=20, steps_per_block=2, timeout_s=120, label_a="A1", label_b="A2",
-                        floor=0.01, settled_below=settled_below)
-    assert result.failure is None and result.blocks == blocks == len(result.a.block_medians)
-    assert len(result.order) == 2 * blocks and result.order[:2 * blocks] == block_order(20)[:2 * blocks]
-    assert [result.order[::2].count("a"), result.order[1::2].count("a")] == [blocks // 2, blocks // 2]
-    assert (result.note or "").startswith("stopped after 10 of 20 blocks") == (blocks == 10)
 
 
 def test_calibration_asks_its_aa_runs_to_stop_once_settled_below_half_the_minimum_floor(monkeypatch):
@@ -454,39 +293,3 @@ def test_calibration_asks_its_aa_runs_to_stop_once_settled_below_half_the_minimu
                         or result_for(INCUMBENT, INCUMBENT, verdict="no-difference", ratio=1.0))
     calibrate_noise_floor(INCUMBENT, 40, 3, 60, repeats=2)
     assert asked == [MIN_FLOOR / 2] * 2
-
-
-def _states(pids: list[int]) -> set[str]:
-    """The scheduler states of processes (/proc/PID/stat: R running, S sleeping, T stopped)."""
-    return {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in pids}
-
-
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
-def test_an_idle_sides_helper_processes_are_held_while_the_other_side_is_timed():
-    """Each side's session starts a busy helper (as loader workers are): during a side's block the other side's
-    helpers are stopped, its own run; none is held once the measurement ends."""
-    from targets.worker_client import descendants
-    from validators.ab_runner import ABRunner
-    spec = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
-                         config={"behaviour": "helper"})
-    with ABRunner(spec, spec, timeout_s=120) as runner:
-        helpers = {side: descendants(worker.proc.pid) for side, worker in runner.workers.items()}
-        assert all(helpers.values())
-        for side, other in (("a", "b"), ("b", "a"), ("a", "b")):
-            assert len(runner.run(side, 2)) == 2
-            assert _states(helpers[other]) == {"T"} and "T" not in _states(helpers[side])
-    assert not runner.held
-
-
-def test_a_win_measured_while_a_side_drifted_says_so(monkeypatch):
-    """The 2026-12-01 `large-cached` run accepted the device cache (#2) while its caches filled: a win whose
-    measurements show a side slowing block after block is still accepted (the protocol's verdict), and its reason
-    says the side was not in a steady state."""
-    drifting = timed(INCUMBENT, CANDIDATE, LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING)
-    assert drifting.verdict == "faster"
-    scripted(monkeypatch, drifting, drifting)
-    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.038, 20, 3, 60)
-    assert confirmation.accepted and "; but candidate's blocks slowed as it ran" in confirmation.reason
-    steady = timed(INCUMBENT, CANDIDATE, [0.110, 0.111, 0.110, 0.109], [0.050, 0.051, 0.050, 0.050])
-    scripted(monkeypatch, steady, steady)
-    assert "steady state" not in confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 3, 60).reason
