@@ -293,10 +293,14 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
 
 
+def _spread(medians: Sequence[float]) -> float:
+    """A side's relative spread of block medians (slowest / fastest - 1); 0 without positive medians."""
+    return max(medians) / min(medians) - 1.0 if medians and min(medians) > 0 else 0.0
+
+
 def block_spread(result: ABResult) -> float:
     """The larger of the two sides' relative spread of block medians (slowest / fastest - 1)."""
-    spreads = [max(m) / min(m) - 1.0 for m in (result.a.block_medians, result.b.block_medians) if m and min(m) > 0]
-    return max(spreads, default=0.0)
+    return max(_spread(result.a.block_medians), _spread(result.b.block_medians))
 
 
 def disturbed(result: ABResult, floor: float) -> bool:
@@ -308,15 +312,16 @@ def disturbed(result: ABResult, floor: float) -> bool:
 
 
 def drift(result: ABResult) -> str | None:
-    """What a disturbed result's spread was, when it was a trend rather than stalls: a side whose block medians
-    spread by more than DISTURBED_SPREAD and follow their order (``ab_stats.order_correlation`` at least
-    DRIFT_CORRELATION either way) was not in a steady state while it was timed. The final measurement of an H200
-    run at `large-cached` (2026-12-01), timed while the best configuration's device caches filled: its blocks
-    took 24-26 ms for five blocks, then 42-64 ms, rank correlation 0.80 (0.75 in its repeat; the baseline's 0.50 and 0.29)."""
+    """Says which side drifted, if any: a side whose block medians spread by more than DISTURBED_SPREAD and follow
+    their order (``ab_stats.order_correlation`` at least DRIFT_CORRELATION either way) was not in a steady state
+    while it was timed; None for steady sides and for stalls scattered among steady blocks. The final measurement
+    of an H200 run at `large-cached` (2026-12-01), timed while the best configuration's device caches filled: its
+    blocks took 24-26 ms for four blocks, 33 for the fifth, then 43-64 ms, rank correlation 0.80 (0.75 in its
+    repeat; the baseline's 0.50 and 0.29)."""
     said = []
     for side in (result.a, result.b):
         medians = side.block_medians
-        if len(medians) < DRIFT_MIN_BLOCKS or min(medians) <= 0 or max(medians) / min(medians) - 1 <= DISTURBED_SPREAD:
+        if len(medians) < DRIFT_MIN_BLOCKS or _spread(medians) <= DISTURBED_SPREAD:
             continue
         rho = order_correlation(medians)
         if abs(rho) >= DRIFT_CORRELATION:
