@@ -21,7 +21,7 @@ from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.model import synthetic_data
 from targets.haste_rec.row_ops import TableLayout, unique_ids
 from targets.haste_rec.sizes import get_size
-from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
+from targets.haste_rec.table_caches import SharedSlotRows, TableCaches, replay_until_full
 
 
 def main() -> None:
@@ -46,12 +46,8 @@ def main() -> None:
         weights = TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU)
         states = (SharedSlotRows(weights, torch.zeros(sum(size.table_rows), 1)) if state == "riding" else
                   TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU))
-        start, replayed = time.perf_counter(), 0
-        while not weights.full and replayed < args.max_warm:
-            warm = rows(-1 - replayed)
-            weights.replay(warm)
-            states.replay(warm)
-            replayed += 1
+        start = time.perf_counter()
+        replayed = replay_until_full((weights, states), (rows(-1 - i) for i in range(args.max_warm)))
         print(f"{args.size}: {len(capacities)} tables, {sum(capacities):,} cache rows ({args.eviction}), state "
               f"{state}; " + (f"full after {replayed} batches replayed ({time.perf_counter() - start:.1f} s)"
                               if weights.full else f"not full after {replayed} batches"))

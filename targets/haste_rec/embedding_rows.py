@@ -23,7 +23,7 @@ from torch import nn
 
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
 from targets.haste_rec.row_cache import gather_to_device, should_pin, to_device, to_host
-from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
+from targets.haste_rec.table_caches import SharedSlotRows, TableCaches, replay_until_full
 from targets.haste_rec.row_ops import (Lookup, TableLayout, apply_rowwise_adagrad_, coalesce_rows, make_lookup,
                                        pool, row_gradients)
 
@@ -216,25 +216,19 @@ class _CachedRows(_Rows):
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
 
     def warm(self, batches_rows: Iterable[torch.Tensor],
-             remembered: Callable[[Callable[[], dict]], dict] = lambda replay: replay()) -> int:
+             remembered: Callable[[Callable[[], dict]], dict] | None = None) -> int:
         """Both caches as training leaves them once they are full, before the first step; returns the batches
         replayed. Each batch's sorted distinct rows go through the slot decisions of a step (a lookup, then the
-        state's update), until every table's caches are full or the batches run out; then the resident rows
-        load at once. Values are the host's either way: only which rows sit on the device, and in what eviction
-        order, is fast-forwarded. `remembered(replay)` may give the decisions an earlier replay saved (the build
-        cache) instead of calling it."""
+        state's update), until every table's caches are full or the batches run out (``replay_until_full``);
+        then the resident rows load at once. Values are the host's either way: only which rows sit on the
+        device, and in what eviction order, is fast-forwarded. `remembered(replay)` may give the decisions an
+        earlier replay saved (the build cache) instead of calling it."""
         def replay() -> dict:
-            replayed = 0
-            for rows in batches_rows:
-                if self.params.full and self.states.full:
-                    break
-                self.params.replay(rows)
-                self.states.replay(rows)
-                replayed += 1
+            replayed = replay_until_full((self.params, self.states), batches_rows)
             return {"params": self.params.decisions(), "states": self.states.decisions(),
                     "replayed": torch.tensor(replayed)}
 
-        decided = remembered(replay)
+        decided = replay() if remembered is None else remembered(replay)
         self.params.adopt(decided["params"])
         self.states.adopt(decided["states"])
         self.params.load_resident()

@@ -16,6 +16,7 @@ the autograd seam and the store the trainer uses.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -175,8 +176,7 @@ class EmbeddingStore(nn.Module):
         rows = (unique_ids(self.layout.flatten(batch, CPU)[0])[0] for batch in batches)
         key = (tuple(self.cache_rows), tuple(self.state_cache_rows), self.cfg.eviction,
                build_cache.source_digest((table_caches, embedding_rows, row_ops)))
-        self.warm_batches = self._rows.warm(rows, (lambda replay: remembered(key, replay)) if remembered else
-                                            (lambda replay: replay()))
+        self.warm_batches = self._rows.warm(rows, None if remembered is None else functools.partial(remembered, key))
 
     # -- inspection -----------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:

@@ -16,7 +16,7 @@ its cache would decide the same, so one set of decisions serves both.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -243,6 +243,19 @@ class TableCaches:
         """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
         return {"hits": float(self.hits), "misses": float(self.misses), "bytes_h2d": float(self.bytes_h2d),
                 "bytes_d2h": float(self.bytes_d2h)}
+
+
+def replay_until_full(caches: Sequence["TableCaches | SharedSlotRows"], batches_rows: Iterable[torch.Tensor]) -> int:
+    """Each batch's sorted distinct rows through every cache's ``replay``, in order, until all are full or the
+    batches run out (drawn lazily: no batch past the one that filled them); returns the batches replayed."""
+    replayed = 0
+    for rows in batches_rows:
+        if all(cache.full for cache in caches):
+            break
+        for cache in caches:
+            cache.replay(rows)
+        replayed += 1
+    return replayed
 
 
 def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
