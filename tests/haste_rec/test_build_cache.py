@@ -79,6 +79,8 @@ def test_a_second_cached_session_adopts_the_first_ones_warmed_caches(tmp_path, m
 
     first = caches(cached)
     assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("cache-warm-*.pt"))) == 1
+    caches({**cached, "embedding_cache_fraction": 0.4})
+    assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("cache-warm-*.pt"))) == 2
     replays = []
     monkeypatch.setattr(TableCaches, "replay", lambda self, rows: replays.append(rows))
     second = caches(cached)
@@ -86,5 +88,3 @@ def test_a_second_cached_session_adopts_the_first_ones_warmed_caches(tmp_path, m
     for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
         assert torch.equal(getattr(first, name), getattr(second, name)), name
     assert first.clock == second.clock > 0
-    caches({**cached, "embedding_cache_fraction": 0.4})
-    assert len(list((tmp_path / "sg-opt" / "haste_rec").glob("cache-warm-*.pt"))) == 2
