@@ -95,19 +95,25 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from /proc (none where there is no /proc)."""
+def _below(pid: int) -> dict[int, int]:
+    """Every process below ``pid`` with its parent, read from /proc in one pass (empty where there is no /proc)."""
     children: dict[int, list[int]] = {}
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else ():
         if entry.name.isdigit() and (ppid := parent_of(int(entry.name))) is not None:  # None: it exited meanwhile
             children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
+    found, todo = {}, [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
+        parent = todo.pop()
+        for child in children.get(parent, []):
+            found[child] = parent
             todo.append(child)
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc (none where there is no /proc)."""
+    return list(_below(pid))
 
 
 def kill_tree(pid: int) -> None:
@@ -155,7 +161,7 @@ def ask_for_stacks(pid: int, stderr: Path) -> str:
     ranks, its loader's workers: ``targets.worker.answer_stack_requests``) write their Python stacks to
     ``stderr``, the file they share, one after the other so they do not interleave; returns those stacks, each
     under its process (empty when none answers). Called on a hung worker just before its kill."""
-    parents = {p: parent_of(p) for p in [pid, *descendants(pid)]}
+    parents = {pid: parent_of(pid), **_below(pid)}
     sections = []
     for process, parent in parents.items():
         if not _catches(process, STACKS_SIGNAL):
