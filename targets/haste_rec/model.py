@@ -100,8 +100,8 @@ def _compute_layout(data, grouping: str, shape: ModelShape, seed: int, batch_siz
 
 
 # Most batches replayed into device caches before training (EmbeddingStore.warm_caches): the batches before the
-# first, drawn until every cache is full. At large-cached its 26 tables' caches of 200K rows each fill after about
-# 300 batches (the slowest table, Zipf 1.3, sees its 200,000th distinct id then). Measured cold on an H200
+# first, drawn until every cache is full. At large-cached its 26 tables' caches of 200K rows each fill after 290
+# batches (the slowest table, Zipf 1.3, sees its 200,000th distinct id then; benchmarks/cache_steady.py). Measured cold on an H200
 # (2026-12-01), the best configuration's first two blocks took 29 and 25 ms a step, the later ones 42-68: with
 # its caches filling, the run's final ratio (0.378) and a fresh `bench --vs` (0.355) were 6% apart.
 CACHE_WARM_BATCHES = 500
