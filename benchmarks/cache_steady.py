@@ -4,7 +4,8 @@ the batches before the first (``TableCaches.replay``, as the trainer warms them)
 prepared and timed; the rows are one float wide and the device is the CPU, so the time is the host
 bookkeeping (slot lookup, victim choice, stamps). A step prepares the weights' cache for the lookup and the
 optimizer state's for the update: timed with the state in a cache of its own, and riding in the weights'
-slots (``SharedSlotRows``, what equal capacities get).
+slots (``SharedSlotRows``, what equal capacities get). A later worker does not replay: it reads the decisions
+from the build cache and adopts them, timed here too (with the entry's size).
 
     python benchmarks/cache_steady.py [--size large-cached] [--fraction 0.2] [--eviction lru] [--threads 2]
 """
@@ -13,15 +14,31 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from targets.haste_rec import build_cache
 from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.model import synthetic_data
 from targets.haste_rec.row_ops import TableLayout, unique_ids
 from targets.haste_rec.sizes import get_size
 from targets.haste_rec.table_caches import SharedSlotRows, TableCaches, replay_until_full
+
+
+def _adopted(replayed: TableCaches, table_rows, capacities, eviction: str) -> str:
+    """How long a later worker takes to read the replayed decisions back from the build cache and adopt them."""
+    with tempfile.TemporaryDirectory() as folder:
+        entry = Path(folder) / "cache-warm.pt"
+        build_cache._write(entry, {"params": replayed.decisions()})
+        begin = time.perf_counter()
+        fresh = TableCaches(torch.zeros(sum(table_rows), 1), table_rows, capacities, eviction, CPU)
+        fresh.adopt(build_cache._read(entry)["params"])
+        took = time.perf_counter() - begin
+        assert torch.equal(fresh.slot_of_row, replayed.slot_of_row)
+        return f"a later worker reads and adopts them in {took:.2f} s (an entry of {entry.stat().st_size / 1e6:.0f} MB)"
 
 
 def main() -> None:
@@ -51,6 +68,8 @@ def main() -> None:
         print(f"{args.size}: {len(capacities)} tables, {sum(capacities):,} cache rows ({args.eviction}), state "
               f"{state}; " + (f"full after {replayed} batches replayed ({time.perf_counter() - start:.1f} s)"
                               if weights.full else f"not full after {replayed} batches"))
+        if state == "riding":
+            print("  " + _adopted(weights, size.table_rows, capacities, args.eviction))
         for batch in batches[:5]:
             weights.prepare(batch)
             states.prepare(batch)
