@@ -215,7 +215,8 @@ class TableCaches:
         """``_lowest_keys`` for LRU over full tables of equal capacity, the steady state of training: topk straight
         over the stamps, k plus the table's in-use count of them, and the in-use ones dropped after. No key array
         is made. At large-cached (26 x 200K slots, full, 2-core VM) a prepare took 28.1 and 28.5 ms this way
-        against 36.3 and 36.0 with the key array (``benchmarks/cache_steady.py --threads 2``)."""
+        against 36.3 and 36.0 with the key array (``benchmarks/cache_steady.py --threads 2`` as of 8b4a8fa, which
+        timed one prepare)."""
         tables = torch.bucketize(in_use, self.slot_start[1:], right=True)
         extra = int(torch.bincount(tables, minlength=len(self.capacities))[evicting].max())
         stamps = self.last_use.view(-1, self.width)
