@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -120,9 +121,16 @@ def test_an_aa_run_already_settled_at_half_its_blocks_ends_there(settled_below, 
     assert (result.note or "").startswith("stopped after 10 of 20 blocks") == (blocks == 10)
 
 
-def _states(pids: list[int]) -> set[str]:
-    """The scheduler states of processes (/proc/PID/stat: R running, S sleeping, T stopped)."""
-    return {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in pids}
+def _states(pids: list[int], stopped: bool = False, settle_s: float = 5.0) -> set[str]:
+    """The scheduler states of processes (/proc/PID/stat: R running, S sleeping, T stopped). With ``stopped``,
+    once every one shows T or ``settle_s`` has passed: a runnable process acts on a pending SIGSTOP only when it is
+    next scheduled, which on a busy 2-core runner can take a while (it shows R until then)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        states = {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] for pid in pids}
+        if not stopped or states == {"T"} or time.monotonic() > deadline:
+            return states
+        time.sleep(0.01)
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
@@ -138,5 +146,5 @@ def test_an_idle_sides_helper_processes_are_held_while_the_other_side_is_timed()
         assert all(helpers.values())
         for side, other in (("a", "b"), ("b", "a"), ("a", "b")):
             assert len(runner.run(side, 2)) == 2
-            assert _states(helpers[other]) == {"T"} and "T" not in _states(helpers[side])
+            assert _states(helpers[other], stopped=True) == {"T"} and "T" not in _states(helpers[side])
     assert not runner.held
