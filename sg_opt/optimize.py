@@ -136,6 +136,11 @@ class LiveView:
             self.node = "diagnose: profiling"
             line = (f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after #{record['after']} "
                     f"({record['step_ms']:.2f} ms/step)")
+        elif kind == "validated":
+            line = f"#{record['id']} numerics hold ({record['numerics_class']}); timing it"
+        elif kind == "numerics-retry":
+            line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
+                    f"{record['reason']}); once more without them")
         elif kind == "propose":
             self.node = line = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
         elif kind in ("baseline", "diagnose", "setup", "report"):
@@ -211,6 +216,8 @@ def resume(run_id: str, out: str, console: Console, quiet: bool = False) -> tupl
     run_dir, request = find_run(out, run_id)
     ctx, initial = build_context(request, run_dir)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
+    if started:
+        graph.relocate(ctx, run_dir, request.run_id)  # moved, or resumed from another working directory
     return _drive(ctx, None if started else initial, request, run_dir, console, quiet)
 
 

@@ -133,6 +133,41 @@ def current_state(app, config: dict[str, Any]) -> RunState:
     return values if isinstance(values, RunState) else RunState.model_validate(values)
 
 
+def relocate(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
+    """Point a checkpointed run at the folder it is in now; True if it had moved.
+
+    The state names its files by the run folder as it was given when the run started (``runs/x/baseline/...``,
+    relative to where the command ran): a run resumed from another folder, or from another working directory,
+    would look for them there. Every path under the old folder is rewritten under the new one, as an update from
+    the node that wrote the last checkpoint (the task of the one before), so the node to run next stays the same."""
+    app = compile_graph(ctx, run_dir)
+    config = thread(run_id)
+    snapshot = app.get_state(config)
+    if not snapshot.values:
+        return False
+    state = current_state(app, config)
+    old, new = state.run_dir, str(run_dir)
+    if old == new:
+        return False
+    prefix = old.rstrip("/") + "/"
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str) and value == old:
+            return new
+        if isinstance(value, str) and value.startswith(prefix):
+            return str(Path(new) / value[len(prefix):])
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [moved(v) for v in value]
+        return value
+
+    parent = app.get_state(snapshot.parent_config) if snapshot.parent_config else None
+    writer = parent.tasks[0].name if parent is not None and len(parent.tasks) == 1 else None
+    app.update_state(config, RunState.model_validate(moved(state.model_dump())), as_node=writer)
+    return True
+
+
 def has_checkpoint(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
     """Whether the run got as far as its first checkpoint (a run killed before that starts afresh)."""
     return bool(compile_graph(ctx, run_dir).get_state(thread(run_id)).values)

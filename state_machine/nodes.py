@@ -301,11 +301,15 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     return updates
 
 
-def _numerics_run(state: RunState, request: WorkerRequest, ahead: PrestartKey | None) -> WorkerResult:
+def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahead: PrestartKey | None) -> WorkerResult:
     """The candidate's numerics (or quality) run; one that fails beside workers started ahead runs once more
-    without them (it may have run out of device memory beside their builds)."""
+    without them (it may have run out of device memory beside their builds), unless it ran out of time: their
+    builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
+    double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run)."""
     result = run_worker(request, timeout_s=state.plan.timeout_s)
-    if not result.ok and ahead is not None:
+    if not result.ok and ahead is not None and result.failure.kind != "timeout":
+        ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
+                  reason=result.failure.message)
         discard(ahead)
         result = run_worker(request, timeout_s=state.plan.timeout_s)
     return result
@@ -316,7 +320,8 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
     folder = _dir(state, "candidates", f"{cand.id:03d}")
     base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
     if cls == "model":
-        result = _numerics_run(state, candidate_request(state, cand, "quality", state.plan.quality_steps or 0), ahead)
+        request = candidate_request(state, cand, "quality", state.plan.quality_steps or 0)
+        result = _numerics_run(state, ctx, request, ahead)
         if not result.ok:
             return _reject("validate", f"the candidate's quality run failed ({_failure_text(result)})",
                            numerics_class=cls)
@@ -324,7 +329,7 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
         verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
                           quality_candidate=result.quality.metrics)
     else:
-        result = _numerics_run(state, candidate_request(state, cand, "numerics"), ahead)
+        result = _numerics_run(state, ctx, candidate_request(state, cand, "numerics"), ahead)
         if not result.ok:
             return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
                            numerics_class=cls)

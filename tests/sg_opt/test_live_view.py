@@ -14,6 +14,8 @@ EVENTS = [
     {"event": "baseline", "step_ms": 314.5, "noise_floor": 0.01},
     {"event": "diagnose"},
     {"event": "propose", "id": 1, "patch": {"tail_backend": "slots"}, "kernels": []},
+    {"event": "numerics-retry", "id": 1, "kind": "oom", "reason": "out of memory: CUDA"},
+    {"event": "validated", "id": 1, "numerics_class": "reorder", "detail": "reorder numerics hold"},
     {"event": "decide", "id": 1, "accepted": True, "stage": "measure", "reason": "faster twice"},
     {"event": "recalibrate", "after": 1, "step_ms": 124.8, "noise_floor": 0.0165},
     {"event": "propose", "id": 2, "patch": {"data_workers": 2}, "kernels": []},
@@ -31,16 +33,18 @@ def view(terminal: bool) -> tuple[LiveView, io.StringIO]:
 def test_a_log_gets_a_line_per_event_as_it_happens():
     live, out = view(terminal=False)
     with live:
-        for event in EVENTS[:5]:
+        for event in EVENTS[:7]:
             live.on_event(event)
         shown = out.getvalue()  # before the run ends: a stopped run's log still shows this much
-        for event in EVENTS[5:]:
+        for event in EVENTS[7:]:
             live.on_event(event)
     lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
-    assert shown.count("\n") == 4
+    assert shown.count("\n") == 6
     assert lines == ["run r1 (haste-rec @ xl, cuda, tier offline)",
                      "baseline 314.50 ms/step, noise floor 1.0%",
                      "evaluating #1 {'tail_backend': 'slots'}",
+                     "#1 numerics run failed beside its timing workers (oom: out of memory: CUDA); once more without them",
+                     "#1 numerics hold (reorder); timing it",
                      "#1 accepted: faster twice",
                      "noise floor 1.7% on the incumbent after #1 (124.80 ms/step)",
                      "evaluating #2 {'data_workers': 2}",

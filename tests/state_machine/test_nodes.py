@@ -241,19 +241,21 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     assert events.count('"recalibrate"') == 2 and '"was": 0.01' in events
 
 
-@pytest.mark.parametrize("lane, concurrent, ahead", [(None, False, True), (0, True, True), (0, False, False)])
+@pytest.mark.parametrize("lane, concurrent, ahead, kind", [(None, False, True, "oom"), (0, True, True, "oom"),
+                                                       (0, False, False, "oom"), (None, False, True, "timeout")])
 def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candidates(
-        state, ctx, monkeypatch, tmp_path, lane, concurrent, ahead):
+        state, ctx, monkeypatch, tmp_path, lane, concurrent, ahead, kind):
     """On a GPU the candidate's timing workers start while its numerics run; a numerics run that fails beside them
-    runs once more without them, and a rejection kills them. A lane whose timing needs the machine to itself
-    (``TimingTurns``) starts none: their builds would overlap another lane's timed blocks."""
+    runs once more without them (not one that ran out of time: that would only double its cost), and a rejection
+    kills them. A lane whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would
+    overlap another lane's timed blocks."""
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
     calls = []
     monkeypatch.setattr(nodes, "prestart", lambda a, b, timeout_s: calls.append(("prestart", b.config)) or "key")
     monkeypatch.setattr(nodes, "discard", lambda key: calls.append(("discard", key)))
     failed = WorkerResult(ok=False, target="haste-rec", size="tiny", mode="numerics",
-                          failure=Failure(kind="oom", message="out of memory"))
+                          failure=Failure(kind=kind, message="it failed"))
     monkeypatch.setattr(nodes, "run_worker", lambda request, timeout_s: calls.append(("run", request.mode)) or failed)
     base_file = tmp_path / "numerics.json"
     base_file.write_text(WorkerResult(ok=True, target="haste-rec", size="tiny", mode="numerics").model_dump_json())
@@ -264,9 +266,13 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
         "plan": state.plan.model_copy(update={"concurrent_timing": concurrent})})
     out = nodes.validate(one, ctx)
     assert out["current_verdict"].stage == "validate" and "numerics run failed" in out["current_verdict"].reason
-    if ahead:
+    events = Path(one.run_dir, "events.jsonl")
+    retried = '"numerics-retry"' in (events.read_text() if events.exists() else "")
+    if ahead and kind == "timeout":
+        assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key")] and not retried
+    elif ahead:
         assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key"),
-                         ("run", "numerics"), ("discard", "key")]
+                         ("run", "numerics"), ("discard", "key")] and retried
     else:
         assert calls == [("run", "numerics")]
 
