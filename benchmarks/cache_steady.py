@@ -5,9 +5,11 @@ prepared and timed; the rows are one float wide and the device is the CPU, so th
 bookkeeping (slot lookup, victim choice, stamps). A step prepares the weights' cache for the lookup and the
 optimizer state's for the update: timed with the state in a cache of its own, and riding in the weights'
 slots (``SharedSlotRows``, what equal capacities get). A later worker does not replay: it reads the decisions
-from the build cache and adopts them, timed here too (with the entry's size).
+from the build cache and adopts them, timed here too (with the entry's size). ``--index cuda`` keeps the
+bookkeeping on the GPU instead (knob embedding_cache_index device), timed with a synchronisation.
 
-    python benchmarks/cache_steady.py [--size large-cached] [--fraction 0.2] [--eviction lru] [--threads 2]
+    python benchmarks/cache_steady.py [--size large-cached] [--fraction 0.2] [--eviction lru] [--threads 2] \
+        [--index cpu|cuda]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _adopted(replayed: TableCaches, table_rows, capacities, eviction: str) -> st
         fresh = TableCaches(torch.zeros(sum(table_rows), 1), table_rows, capacities, eviction, CPU)
         fresh.adopt(build_cache._read(entry)["params"])
         took = time.perf_counter() - begin
-        assert torch.equal(fresh.slot_of_row, replayed.slot_of_row)
+        assert torch.equal(fresh.slot_of_row, replayed.slot_of_row.cpu())
         return f"a later worker reads and adopts them in {took:.2f} s (an entry of {entry.stat().st_size / 1e6:.0f} MB)"
 
 
@@ -49,7 +51,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--batches", type=int, default=25, help="batches timed, after 5 untimed")
     parser.add_argument("--max-warm", type=int, default=1000, help="most batches replayed to fill the caches")
+    parser.add_argument("--index", default="cpu", choices=("cpu", "cuda"), help="where the bookkeeping runs")
     args = parser.parse_args()
+    index = torch.device(args.index)
+
+    def now() -> float:
+        if index.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     torch.set_num_threads(args.threads)
     size = get_size(args.size)
     data, layout = synthetic_data(size, 0), TableLayout(size.table_rows)
@@ -60,9 +70,11 @@ def main() -> None:
 
     batches = [rows(i) for i in range(5 + args.batches)]
     for state in ("apart", "riding"):
-        weights = TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU)
+        weights = TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU,
+                              index_device=index)
         states = (SharedSlotRows(weights, torch.zeros(sum(size.table_rows), 1)) if state == "riding" else
-                  TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU))
+                  TableCaches(torch.zeros(sum(size.table_rows), 1), size.table_rows, capacities, args.eviction, CPU,
+                              index_device=index))
         start = time.perf_counter()
         replayed = replay_until_full((weights, states), (rows(-1 - i) for i in range(args.max_warm)))
         print(f"{args.size}: {len(capacities)} tables, {sum(capacities):,} cache rows ({args.eviction}), state "
@@ -75,15 +87,15 @@ def main() -> None:
             states.prepare(batch)
         times, misses = [], weights.misses
         for batch in batches[5:]:
-            begin = time.perf_counter()
+            begin = now()
             weights.prepare(batch)
             states.prepare(batch)
-            times.append(time.perf_counter() - begin)
+            times.append(now() - begin)
         per_batch = (weights.misses - misses) / args.batches
         print(f"  a step's two prepares: median {statistics.median(times) * 1e3:.2f} ms, fastest "
               f"{min(times) * 1e3:.2f} ms over {args.batches} batches of "
               f"{statistics.mean(b.numel() for b in batches[5:]):,.0f} distinct rows, {per_batch:,.0f} misses each; "
-              f"{args.threads} threads")
+              f"{args.threads} threads, bookkeeping on {args.index}")
 
 if __name__ == "__main__":
     main()

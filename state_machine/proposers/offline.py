@@ -139,6 +139,12 @@ CATALOG: tuple[Rule, ...] = (
          {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, 0.8,
          "keep the hot rows in a device cache over the host tables (SparseGear's multi-level store) and apply "
          "row-wise Adagrad inside backward", requires={"embedding_placement": ("host",)}),
+    Rule("device-cache-index", ("embedding-bound", "launch/host-bound", "optimizer", "backward"),
+         {"embedding_cache_index": "device"}, 0.7,
+         "the device caches' bookkeeping (slot maps, eviction stamps, victims) as kernels on the device instead of "
+         "host work on every step: once the caches are full every miss evicts, and at large-cached a step's "
+         "prepares took 28-40 ms of host time on the 2-core VM (benchmarks/cache_steady.py)", devices=("cuda",),
+         requires={"embedding_placement": ("cached",), "embedding_cache_index": ("host",)}),
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),

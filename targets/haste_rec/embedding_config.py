@@ -15,6 +15,7 @@ from targets.protocol import ConfigError
 PLACEMENTS = ("device", "host", "cached")
 GRAD_MODES = ("dense", "sparse", "fused")
 BACKENDS = ("torch", "triton")
+CACHE_INDEXES = ("host", "device")  # where a cache's id -> slot maps and eviction stamps live
 CPU = torch.device("cpu")
 
 
@@ -27,6 +28,7 @@ class EmbeddingConfig:
     cache_fraction: float = 0.2            # device cache rows / all rows (placement cached)
     cache_plan: str = "uniform"
     eviction: str = "lru"
+    cache_index: str = "host"              # placement cached: the caches' bookkeeping on the host or the device
     opt_state_cache_fraction: float = 0.2  # Adagrad-state cache rows / all rows (placement cached)
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)
@@ -42,7 +44,7 @@ class EmbeddingConfig:
 
     def __post_init__(self) -> None:
         for name, choices in (("placement", PLACEMENTS), ("grad_mode", GRAD_MODES), ("cache_plan", PLANS),
-                              ("eviction", EVICTIONS), ("backend", BACKENDS)):
+                              ("eviction", EVICTIONS), ("backend", BACKENDS), ("cache_index", CACHE_INDEXES)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {getattr(self, name)!r}")
         if self.grad_mode == "dense" and self.placement != "device":

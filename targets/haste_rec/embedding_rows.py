@@ -196,21 +196,21 @@ class _HostRows(_Rows):
 
 
 class _CachedRows(_Rows):
-    """Host weights and state, each behind its own per-table device caches with their own budgets."""
-
-    index_device = CPU  # the id -> slot maps live on the host
+    """Host weights and state, each behind its own per-table device caches with their own budgets; the caches'
+    id -> slot maps on the host, or on the device (cache_index), where the batch's ids then go."""
 
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig, layout: TableLayout,
                  capacities: Sequence[int], state_capacities: Sequence[int]):
         super().__init__(device, cfg)
+        self.index_device = device if cfg.cache_index == "device" else CPU
         weight, state = _host_buffers(init)
         self.params = TableCaches(weight, layout.table_rows, capacities, cfg.eviction, device, cfg.pin_memory,
-                                  "row cache")
-        # Equal capacities make equal decisions: the state then rides in the weights' slots, one set of host
+                                  "row cache", self.index_device)
+        # Equal capacities make equal decisions: the state then rides in the weights' slots, one set of
         # bookkeeping a step instead of two (SharedSlotRows).
         self.states = (SharedSlotRows(self.params, state) if list(capacities) == list(state_capacities) else
                        TableCaches(state, layout.table_rows, state_capacities, cfg.eviction, device, cfg.pin_memory,
-                                   "state cache"))
+                                   "state cache", self.index_device))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
         if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
@@ -252,7 +252,7 @@ class _CachedRows(_Rows):
                                  state_index=self.state_slot_of).sum()
 
     def update(self, rows, grads):
-        rows, grads = rows.cpu(), grads.to(self.device)
+        rows, grads = rows.to(self.index_device), grads.to(self.device)
         for part in self._rounds(rows):
             param_slots = self.params.prepare(rows[part], record=False)  # resident since the lookup
             state_slots = self.states.prepare(rows[part], record=True)
@@ -264,7 +264,7 @@ class _CachedRows(_Rows):
         backwards were accumulated; rows are distinct, so splitting changes no arithmetic."""
         bounds = self.params.bounds(rows)
         for r in range(self._round_count(bounds)):
-            yield torch.cat([torch.arange(min(hi, lo + r * chunk), min(hi, lo + (r + 1) * chunk))
+            yield torch.cat([torch.arange(min(hi, lo + r * chunk), min(hi, lo + (r + 1) * chunk), device=rows.device)
                              for (lo, hi), chunk in zip(bounds, self.chunk)])
 
     def _round_count(self, bounds: list[tuple[int, int]]) -> int:

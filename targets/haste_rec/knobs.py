@@ -98,6 +98,11 @@ KNOBS = (
              "frequencies to minimise expected misses"),
     Knob("embedding_eviction", "choice", "lru", category="embedding", numerics="exact", choices=("lru", "lfu"),
          why="which cached row leaves on a miss: least recently used, or least frequently used (better for stable Zipf skew)"),
+    Knob("embedding_cache_index", "choice", "host", category="embedding", numerics="exact", choices=("host", "device"),
+         why="where the device caches' id -> slot maps and eviction stamps live (placement cached): on the host a "
+             "lookup needs no device round trip, but every step's bookkeeping is host work; on the device it runs "
+             "as kernels and only the moved rows' ids come back. The same decisions either way",
+         active_when=(("embedding_placement", ("cached",)),)),
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),

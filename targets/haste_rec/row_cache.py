@@ -82,12 +82,23 @@ class RowMoves:
     load_rows: torch.Tensor
     load_slots: torch.Tensor
 
+    def rows_on_host(self) -> "RowMoves":
+        """These moves with the host rows' ids on the host, where they index the host array: one read-back for
+        both when the cache's metadata lives on the device (``TableCaches``' index_device)."""
+        on_device = [t.device for t in (self.back_rows, self.load_rows) if t.device.type != "cpu"]
+        if not on_device:
+            return self
+        both = torch.cat([self.back_rows.to(on_device[0]), self.load_rows.to(on_device[0])]).cpu()
+        back = self.back_rows.numel()
+        return RowMoves(both[:back], self.back_slots, both[back:], self.load_slots)
+
 
 def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
               pinned: bool) -> None:
     """Carry out `moves`: every write-back first (one read-back from the device, the only wait), then every
     load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
     written-back and loaded host rows are disjoint (a row is either cached or missing)."""
+    moves = moves.rows_on_host()
     if moves.back_slots.numel():
         values = to_host(device_rows.index_select(0, to_device(moves.back_slots, device, pinned)), pinned)
         host_rows.index_copy_(0, moves.back_rows, values)

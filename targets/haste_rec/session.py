@@ -39,6 +39,12 @@ def _ones_at(targets: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> t
     return targets.view(-1).index_fill_(0, rows * targets.shape[1] + cols, 1.0).view_as(targets)
 
 
+def ids_on_device(config: Mapping[str, Any]) -> bool:
+    """Whether the embedding lookup wants the batch's ids on the device: tables there, or the caches' bookkeeping."""
+    return config["embedding_placement"] == "device" or (config["embedding_placement"] == "cached"
+                                                          and config["embedding_cache_index"] == "device")
+
+
 def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: torch.device) -> DeviceBatches:
     """The batch stream per the data knobs, built before anything large exists in this process.
 
@@ -51,7 +57,7 @@ def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: 
     layout = TableLayout(size.table_rows)
     return DeviceBatches(source, device, workers=config["data_workers"],
                          pin_memory=config["pin_memory"], prefetch=config["prefetch_to_device"],
-                         sparse_on_device=config["embedding_placement"] == "device",
+                         sparse_on_device=ids_on_device(config),
                          prepare=layout.pack if config["pack_batches"] else None)
 
 

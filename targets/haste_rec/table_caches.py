@@ -12,6 +12,13 @@ Two more things serve the steady state of training, in which the caches are full
 ``replay`` fast-forwards the caches there before the first step (only the decisions; the resident rows then
 load at once), and ``SharedSlotRows`` keeps a second array's rows (the optimizer state) in the same slots when
 its cache would decide the same, so one set of decisions serves both.
+
+Where the metadata lives is ``index_device``'s choice (knob embedding_cache_index). On the host (SparseGear's
+way) a lookup needs no device round trip, but in the steady state the bookkeeping is host work on every step
+that grows with the batch's distinct rows: at large-cached, 28-40 ms of a step's prepares on the 2-core VM
+(``benchmarks/cache_steady.py``) in a step the device finishes far sooner. On the device the same operations
+run as kernels, with a few read-backs for sizes; only the moved rows' ids come back to the host, to gather and
+write back host rows. The decisions are the same either way.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, should_pin, to_device
 from targets.protocol import ConfigError
 
@@ -35,15 +43,18 @@ def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """cat(arange(s, s + c) for s, c in zip(starts, counts)) without a Python loop."""
     total = int(counts.sum())
     group_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts, output_size=total)
-    return torch.repeat_interleave(starts, counts, output_size=total) + torch.arange(total) - group_start
+    return (torch.repeat_interleave(starts, counts, output_size=total) + torch.arange(total, device=counts.device)
+            - group_start)
 
 
 class TableCaches:
     """Per-table device caches of `capacities` rows over `host_rows` [sum(table_rows), width], whose table t
-    holds rows [starts[t], starts[t] + table_rows[t]) (table t's rows follow table t-1's)."""
+    holds rows [starts[t], starts[t] + table_rows[t]) (table t's rows follow table t-1's); their metadata on
+    `index_device` (the host unless given)."""
 
     def __init__(self, host_rows: torch.Tensor, table_rows: Sequence[int], capacities: Sequence[int], eviction: str,
-                 device: torch.device, pin_memory: bool = False, name: str = "cache"):
+                 device: torch.device, pin_memory: bool = False, name: str = "cache",
+                 index_device: torch.device = CPU):
         if eviction not in EVICTIONS:
             raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
         for t, (rows, cap) in enumerate(zip(table_rows, capacities)):
@@ -54,20 +65,22 @@ class TableCaches:
         self.pinned = should_pin(pin_memory, device)
         self.device_rows = torch.zeros(sum(capacities), host_rows.shape[1], dtype=host_rows.dtype, device=device)
         tables = len(table_rows)
-        self.caps = torch.tensor(self.capacities)
-        self.slot_start = torch.tensor(_starts(capacities))
-        self.row_edges = torch.tensor(self.row_starts[1:])  # bucketize(row, edges, right=True) is its table
+        self.index_device = index = index_device
+        self.caps = torch.tensor(self.capacities, device=index)
+        self.slot_start = torch.tensor(_starts(capacities), device=index)
+        self.row_edges = torch.tensor(self.row_starts[1:], device=index)  # bucketize(row, edges, right=True): table
         slots = sum(capacities)
-        self.slot_of_row = torch.full((host_rows.shape[0],), -1, dtype=torch.int64)
-        self.row_of_slot = torch.full((slots,), -1, dtype=torch.int64)
-        self.last_use = torch.zeros(slots, dtype=torch.int64)  # one clock for all tables: order within each is kept
-        self.use_count = torch.zeros(slots, dtype=torch.int64)
-        self.in_use_marks = torch.zeros(slots, dtype=torch.bool)  # scratch of _oldest_unused, all False between calls
+        self.slot_of_row = torch.full((host_rows.shape[0],), -1, dtype=torch.int64, device=index)
+        self.row_of_slot = torch.full((slots,), -1, dtype=torch.int64, device=index)
+        self.last_use = torch.zeros(slots, dtype=torch.int64, device=index)  # one clock for all tables
+        self.use_count = torch.zeros(slots, dtype=torch.int64, device=index)
+        self.in_use_marks = torch.zeros(slots, dtype=torch.bool, device=index)  # _oldest_unused's scratch, all False
         self.clock = 0
-        self.filled = torch.zeros(tables, dtype=torch.int64)  # table t's slots [0, filled[t]) hold rows
+        self.filled = torch.zeros(tables, dtype=torch.int64, device=index)  # table t's slots [0, filled[t]) hold rows
         self.width = max(capacities)  # the eviction keys as [tables, width]; narrower tables padded with NEVER
-        table_of_slot = torch.repeat_interleave(torch.arange(tables), self.caps)
-        local = torch.arange(slots) - self.slot_start[table_of_slot]
+        self.table_ids = torch.arange(tables, device=index)
+        table_of_slot = torch.repeat_interleave(self.table_ids, self.caps)
+        local = torch.arange(slots, device=index) - self.slot_start[table_of_slot]
         self.uniform = len(set(self.capacities)) == 1
         self.padded_position = table_of_slot * self.width + local
         self.local_of_slot = local
@@ -77,7 +90,7 @@ class TableCaches:
 
     def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
         """[lo, hi) of each table's rows within sorted shared-space rows."""
-        edges = torch.tensor(self.row_starts + [self.host_rows.shape[0]])
+        edges = torch.tensor(self.row_starts + [self.host_rows.shape[0]], device=sorted_rows.device)
         edges = torch.searchsorted(sorted_rows, edges).tolist()
         return list(zip(edges[:-1], edges[1:]))
 
@@ -89,6 +102,7 @@ class TableCaches:
         """
         slots, moves = self._assign(unique_rows, record)
         if moves is not None:
+            moves = moves.rows_on_host()  # one read-back of the moved rows' ids, for every array moved
             self.move(moves)
             for rider in self.riders:
                 rider.move(moves)
@@ -110,8 +124,9 @@ class TableCaches:
     def decisions(self) -> dict[str, torch.Tensor]:
         """Where every row sits and how recently and often each slot was used: what ``replay`` arrives at, to be
         saved and given to ``adopt`` (the build cache keeps it for the next worker)."""
-        return {"row_of_slot": self.row_of_slot.clone(), "last_use": self.last_use.clone(),
-                "use_count": self.use_count.clone(), "filled": self.filled.clone(), "clock": torch.tensor(self.clock)}
+        return {"row_of_slot": self.row_of_slot.cpu().clone(), "last_use": self.last_use.cpu().clone(),
+                "use_count": self.use_count.cpu().clone(), "filled": self.filled.cpu().clone(),
+                "clock": torch.tensor(self.clock)}
 
     def adopt(self, decisions: dict[str, torch.Tensor]) -> None:
         """The state ``decisions()`` saved, before training (``load_resident`` then loads the rows)."""
@@ -135,6 +150,7 @@ class TableCaches:
 
     def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
         """(host-side slots of `unique_rows`, the rows to move for them or None): ``prepare``'s decisions."""
+        unique_rows = unique_rows.to(self.index_device)
         table = torch.bucketize(unique_rows, self.row_edges, right=True)
         self._check_fits(torch.bincount(table, minlength=len(self.capacities)))
         slots = self.slot_of_row.index_select(0, unique_rows)
@@ -179,16 +195,16 @@ class TableCaches:
         fresh = _ranges(self.slot_start + self.filled, fresh_n)
         occupied = self.filled.clone()
         self.filled += fresh_n
-        parts, tables = [fresh], [torch.repeat_interleave(torch.arange(len(self.capacities)), fresh_n)]
+        parts, tables = [fresh], [torch.repeat_interleave(self.table_ids, fresh_n)]
         if int(evict_n.sum()):
             evicting = evict_n.nonzero().squeeze(1)
             lowest = self._lowest_keys(evicting, int(evict_n.max()), occupied, in_use)
-            take = torch.arange(lowest.shape[1]) < evict_n[evicting].unsqueeze(1)
+            take = torch.arange(lowest.shape[1], device=lowest.device) < evict_n[evicting].unsqueeze(1)
             parts.append((lowest + self.slot_start[evicting].unsqueeze(1))[take])
             tables.append(evicting.unsqueeze(1).expand_as(lowest)[take])
         victims, table = torch.cat(parts), torch.cat(tables)
-        fresh_first = torch.cat([torch.zeros(fresh.numel(), dtype=torch.int64),
-                                 torch.ones(victims.numel() - fresh.numel(), dtype=torch.int64)])
+        fresh_first = torch.cat([torch.zeros(fresh.numel(), dtype=torch.int64, device=victims.device),
+                                 torch.ones(victims.numel() - fresh.numel(), dtype=torch.int64, device=victims.device)])
         return victims[torch.argsort(table * 2 + fresh_first, stable=True)]
 
     def _lowest_keys(self, evicting: torch.Tensor, k: int, occupied: torch.Tensor,
@@ -205,7 +221,7 @@ class TableCaches:
         if self.uniform:
             keys2d = keys.view(-1, self.width)
         else:
-            keys2d = torch.full((len(self.capacities) * self.width,), NEVER, dtype=torch.int64)
+            keys2d = torch.full((len(self.capacities) * self.width,), NEVER, dtype=torch.int64, device=keys.device)
             keys2d = keys2d.index_copy_(0, self.padded_position, keys).view(-1, self.width)
         if evicting.numel() < keys2d.shape[0]:  # after the warm-up every table evicts: no copy then
             keys2d = keys2d.index_select(0, evicting)
@@ -233,7 +249,7 @@ class TableCaches:
 
     def _stamp(self, slots: torch.Tensor) -> None:
         """Mark `slots` used now, in their order (a batch's rows are sorted, so this is deterministic)."""
-        self.last_use[slots] = torch.arange(self.clock, self.clock + slots.numel())
+        self.last_use[slots] = torch.arange(self.clock, self.clock + slots.numel(), device=slots.device)
         self.clock += slots.numel()
 
     def flush(self) -> None:
@@ -261,7 +277,7 @@ def replay_until_full(caches: Sequence["TableCaches | SharedSlotRows"], batches_
 
 def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
     """Every occupied slot's row from the cache's host rows, LOAD_CHUNK_ROWS at a time."""
-    empty = torch.zeros(0, dtype=torch.int64)
+    empty = torch.zeros(0, dtype=torch.int64, device=row_of_slot.device)
     for slots in (row_of_slot >= 0).nonzero().squeeze(1).split(LOAD_CHUNK_ROWS):
         move_rows(cache.host_rows, cache.device_rows, RowMoves(empty, empty, row_of_slot[slots], slots), cache.device,
                   cache.pinned)
@@ -270,7 +286,7 @@ def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Ten
 def _write_back_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
     """Every occupied slot's row back to the cache's host rows (not counted as traffic)."""
     occupied = (row_of_slot >= 0).nonzero().squeeze(1)
-    empty = torch.zeros(0, dtype=torch.int64)
+    empty = torch.zeros(0, dtype=torch.int64, device=row_of_slot.device)
     move_rows(cache.host_rows, cache.device_rows, RowMoves(row_of_slot[occupied], occupied, empty, empty),
               cache.device, cache.pinned)
 
@@ -297,7 +313,7 @@ class SharedSlotRows:
 
     def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
         """Device slots of `unique_rows`, which the leader has made resident (``record`` is the leader's to count)."""
-        slots = self.leader.slot_of_row.index_select(0, unique_rows)
+        slots = self.leader.slot_of_row.index_select(0, unique_rows.to(self.leader.index_device))
         if bool((slots < 0).any()):  # a caller that skipped the leader's prepare would update row -1's slot
             raise RuntimeError("optimizer state asked for rows whose weights are not in the cache: prepare the "
                                "weights' cache for them first")

@@ -312,3 +312,46 @@ def test_riding_rows_move_with_their_leaders_and_refuse_rows_it_does_not_hold():
     assert state.counters() == {"hits": 0, "misses": 7, "bytes_h2d": 28, "bytes_d2h": 8}
     with pytest.raises(RuntimeError, match="not in the cache"):
         state.prepare(rows(11))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a cache index on the device needs CUDA")
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+@pytest.mark.parametrize("capacities", [[300, 300], [500, 120]], ids=["uniform", "planned"])
+def test_a_cache_index_on_the_device_decides_as_one_on_the_host(eviction, capacities):
+    """Knob embedding_cache_index: the bookkeeping as kernels on the device gives the same slots, the same moves
+    of the weights and of the state riding in their slots, and the same counters, from the warm-up (replay)
+    through the evicting steady state."""
+    from targets.haste_rec.table_caches import SharedSlotRows
+    cuda = torch.device("cuda")
+    table_rows, row_starts = [2000, 600], [0, 2000]
+    data = ZipfBatches(table_rows, [0.8, 1.2], batch_size=40, max_bag=4, seed=5)
+    host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(1))
+    caches = {index: TableCaches(host.clone(), table_rows, capacities, eviction, cuda, index_device=index)
+              for index in (CPU, cuda)}
+    states = {index: SharedSlotRows(caches[index], host[:, :1].clone() + 10) for index in caches}
+    shared = [torch.cat([torch.unique(ids) + s for ids, s in zip(b.ids, row_starts)]) for b in data.batches(0, 60)]
+    for index, cache in caches.items():
+        for rows_of_batch in shared[:20]:
+            cache.replay(rows_of_batch)
+        cache.load_resident()
+        states[index].load_resident()
+    got = {}
+    for rows_of_batch in shared[20:]:
+        for index, cache in caches.items():
+            slots = cache.prepare(rows_of_batch)
+            assert slots.device.type == "cuda"
+            assert torch.equal(states[index].prepare(rows_of_batch), slots)
+            cache.device_rows[slots] += 1.0  # updates: dirty rows must be written back on eviction
+            states[index].device_rows[slots] -= 1.0
+            got[index] = slots
+        assert torch.equal(got[CPU], got[cuda])
+    assert caches[cuda].slot_of_row.device.type == "cuda" and caches[CPU].slot_of_row.device.type == "cpu"
+    for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
+        assert torch.equal(getattr(caches[cuda], name).cpu(), getattr(caches[CPU], name).cpu()), name
+    assert caches[cuda].counters() == caches[CPU].counters() and caches[CPU].counters()["bytes_d2h"] > 0
+    assert states[cuda].counters() == states[CPU].counters()
+    for index in caches:
+        caches[index].flush()
+        states[index].flush()
+    assert torch.equal(caches[cuda].host_rows, caches[CPU].host_rows)
+    assert torch.equal(states[cuda].host_rows, states[CPU].host_rows)

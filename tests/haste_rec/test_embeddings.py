@@ -158,6 +158,28 @@ def test_pinned_host_rows_and_gradients_give_the_same_numbers_on_cuda(placement:
     assert_same(train(replace(cfg, pin_memory=True), cuda), train(cfg, cuda), exact=True)
 
 
+def test_a_cache_index_is_on_the_host_or_the_device():
+    with pytest.raises(ConfigError, match="cache_index must be one of host, device, not 'gpu'"):
+        replace(BASE, cache_index="gpu")
+    cpu = torch.device("cpu")  # on a CPU host and device are one: the same numbers
+    cfg = replace(BASE, placement="cached", grad_mode="fused", cache_fraction=0.01, opt_state_cache_fraction=0.01)
+    assert_same(train(replace(cfg, cache_index="device"), cpu), train(cfg, cpu), exact=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a cache index on the device needs CUDA")
+@pytest.mark.parametrize("grad_mode", ["sparse", "fused"])
+@pytest.mark.parametrize("fractions", [(0.01, 0.01), (0.01, 0.3)], ids=["riding", "apart"])
+def test_a_cache_index_on_the_device_gives_the_same_numbers_and_counters(grad_mode, fractions):
+    """Knob embedding_cache_index device: the batch's ids, its distinct rows and every cache decision on the
+    device; the trained values bitwise those of the host's bookkeeping, and the same traffic."""
+    cuda = torch.device("cuda")
+    cfg = replace(BASE, placement="cached", grad_mode=grad_mode, cache_fraction=fractions[0],
+                  opt_state_cache_fraction=fractions[1])  # small caches: rows are evicted and written back
+    on_device, on_host = train(replace(cfg, cache_index="device"), cuda), train(cfg, cuda)
+    assert_same(on_device, on_host, exact=True)
+    assert on_device.counters == on_host.counters and on_host.counters["bytes_d2h"] > 0
+
+
 # -- counters ------------------------------------------------------------------------------------
 UNIQUE_LOOKUPS = sum(int(b.ids[t].unique().numel()) for b in BATCHES for t in range(len(TABLE_ROWS)))
 
