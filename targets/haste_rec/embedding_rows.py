@@ -212,7 +212,7 @@ class _CachedRows(_Rows):
                        TableCaches(state, layout.table_rows, state_capacities, cfg.eviction, device, cfg.pin_memory,
                                    "state cache", self.index_device))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
-        if self.fused_kernel is not None:  # state slot of each parameter slot, for the Triton update
+        if self.fused_kernel is not None and not isinstance(self.states, SharedSlotRows):  # the Triton update's map:
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
 
     def warm(self, batches_rows: Iterable[torch.Tensor],
@@ -246,10 +246,13 @@ class _CachedRows(_Rows):
         if self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1:
             return super().fused_update(lookup, grad_pooled)
         param_slots = self.params.prepare(lookup.rows, record=False)  # resident since the lookup
-        self.state_slot_of[param_slots] = self.states.prepare(lookup.rows, record=True)
+        state_index = None  # riding (SharedSlotRows): a row's state sits in its weights' slot
+        if not isinstance(self.states, SharedSlotRows):
+            self.state_slot_of[param_slots] = self.states.prepare(lookup.rows, record=True)
+            state_index = self.state_slot_of
         return self.fused_kernel(param_slots[lookup.inverse], lookup.offsets, lookup.weights, grad_pooled,
                                  self.params.device_rows, self.states.device_rows, self.cfg.lr, self.cfg.eps,
-                                 state_index=self.state_slot_of).sum()
+                                 state_index=state_index).sum()
 
     def update(self, rows, grads):
         rows, grads = rows.to(self.index_device), grads.to(self.device)

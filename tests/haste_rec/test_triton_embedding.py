@@ -340,14 +340,16 @@ def test_slot_references_match_independent_float64_math() -> None:
 
 # ----------------------------------------------------------------------------- the store and the trainer
 
-STORE_CONFIGS = [("device", "fused"), ("device", "sparse"), ("cached", "fused"), ("host", "fused")]
+RIDING = {"cache_fraction": 0.3, "opt_state_cache_fraction": 0.3}  # equal: the state rides in the weights' slots
+STORE_CONFIGS = [("device", "fused", {}), ("device", "sparse", {}), ("cached", "fused", {}), ("host", "fused", {}),
+                 ("cached", "fused", RIDING)]
 
 
-@pytest.mark.parametrize("placement,grad_mode", STORE_CONFIGS)
-def test_store_backend_triton_follows_torch(placement: str, grad_mode: str) -> None:
+@pytest.mark.parametrize("placement,grad_mode,caches", STORE_CONFIGS)
+def test_store_backend_triton_follows_torch(placement: str, grad_mode: str, caches: dict) -> None:
     """The store's ten-step trajectory (test_embeddings) with backend triton: reorder-close to torch's,
-    and the cache sees the same hits, misses and traffic."""
-    cfg = replace(store_tests.BASE, placement=placement, grad_mode=grad_mode)
+    and the cache sees the same hits, misses and traffic (the riding state updated in its weights' slots)."""
+    cfg = replace(store_tests.BASE, placement=placement, grad_mode=grad_mode, **caches)
     want = store_tests.train(cfg, DEVICE)
     got = store_tests.train(replace(cfg, backend="triton"), DEVICE)
     store_tests.assert_same(got, want, exact=False)
