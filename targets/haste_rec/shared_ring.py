@@ -136,7 +136,7 @@ class RingLoader:
             worker, slot, event = self.out.popleft()
             if event is not None:
                 event.synchronize()
-            self.free[worker].send(slot)
+            self._give_back(worker, slot)
         worker = self.taken % self.workers
         message = self._receive(worker)
         if message[0] == "error":
@@ -144,7 +144,7 @@ class RingLoader:
         self.taken += 1
         if message[0] == "own":
             _, slot, packed = message
-            self.free[worker].send(slot)
+            self._give_back(worker, slot)
             return packed
         _, slot, layout, size = message
         self.out.append([worker, slot, None])
@@ -154,6 +154,15 @@ class RingLoader:
         """The last batch taken was copied to the GPU asynchronously: its slot waits for ``event``."""
         if self.out:
             self.out[-1][2] = event
+
+    def _give_back(self, worker: int, slot: int) -> None:
+        """Return a slot to its worker. One that has exited takes nothing back: if it failed, its error waits in
+        its pipe, and ``__next__`` raises it when that worker's turn comes (on an H200 a failed worker had exited
+        before the trainer returned its last slot, and the trainer raised a broken pipe instead, 2026-12-01)."""
+        try:
+            self.free[worker].send(slot)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def _receive(self, worker: int) -> tuple:
         conn, proc = self.filled[worker], self.procs[worker]

@@ -88,13 +88,19 @@ class _Failing:
         return training_data("tiny", 0)[0].train_batch(index)
 
 
-def test_a_failing_worker_is_raised_in_the_trainer():
+@pytest.mark.parametrize("exited", [False, True])
+def test_a_failing_worker_is_raised_in_the_trainer(exited):
+    """Its error, named, also when the worker has exited before the trainer gives its last slot back (as on an
+    H200, where the trainer then raised a broken pipe)."""
     source, preset = training_data("tiny", 0)
     failing = _Failing()
     ring = RingLoader(failing, TableLayout(preset.table_rows).pack, workers=1)
     try:
         for _ in range(3):
             next(ring)
+        if exited:
+            ring.procs[0].join(timeout=30)
+            assert not ring.procs[0].is_alive()
         with pytest.raises(RuntimeError, match="loader worker 0 failed: ValueError: no batch 3"):
             next(ring)
     finally:
