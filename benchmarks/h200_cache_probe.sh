@@ -12,9 +12,10 @@
 #    (benchmarks/cache_steady.py --index).
 # 4. steps.txt: steps of the cached configuration with the fused tail, bookkeeping on the host, then on the GPU
 #    (knob embedding_cache_index; benchmarks/session_build.py).
-# CARRY=path/run.tgz (a stopped run) adds 5. resumed.txt: that run resumed for RESUME_S seconds under the same
-# watch, its workers asked for their stacks at the end (the agent's own validation, workers started ahead).
-# Usage: OUT=/dir [STACKS=30] [NUMERICS_S=240] [CARRY=run.tgz RESUME_S=240] bash benchmarks/h200_cache_probe.sh
+# 5. resumed.txt (with CARRY=path/run.tgz, a stopped run): that run resumed for RESUME_S seconds under the same
+#    watch, its workers asked for their stacks at the end (the agent's own validation, workers started ahead).
+# PARTS picks and orders them (default "tests numerics steady steps resume").
+# Usage: OUT=/dir [PARTS=...] [STACKS=30] [NUMERICS_S=240] [CARRY=run.tgz RESUME_S=240] bash benchmarks/h200_cache_probe.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-probe}; STACKS=${STACKS:-30}; NUMERICS_S=${NUMERICS_S:-240}
 mkdir -p "$OUT"
@@ -31,35 +32,44 @@ watch_machine() {  # watch_machine FILE SECONDS: processes, memory and GPU every
     done
 }
 
-echo "== 1. GPU tests"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/haste_rec/test_cache.py tests/haste_rec/test_embeddings.py \
-    tests/haste_rec/test_shared_ring.py tests/haste_rec/test_triton_embedding.py > "$OUT/gpu_tests.txt" 2>&1
-tail -1 "$OUT/gpu_tests.txt"
+tests() {
+    echo "== 1. GPU tests"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/haste_rec/test_cache.py tests/haste_rec/test_embeddings.py \
+        tests/haste_rec/test_shared_ring.py tests/haste_rec/test_triton_embedding.py > "$OUT/gpu_tests.txt" 2>&1
+    tail -1 "$OUT/gpu_tests.txt"
+}
 
-echo "== 2. a numerics request of the cache (at most $NUMERICS_S s)"
-watch_machine "$OUT/machine.txt" "$NUMERICS_S" &
-watcher=$!
-timeout -s INT "$NUMERICS_S" python3 benchmarks/session_build.py "${CACHED[@]}" --numerics --steps 20 \
-    --stacks "$STACKS" > "$OUT/numerics.txt" 2>&1
-echo "rc $?" >> "$OUT/numerics.txt"
-kill $watcher 2>/dev/null
-grep -v "^  File" "$OUT/numerics.txt" | grep -E "numerics run|failed|rc " | head -3
+numerics() {
+    echo "== 2. a numerics request of the cache (at most $NUMERICS_S s)"
+    watch_machine "$OUT/machine.txt" "$NUMERICS_S" &
+    watcher=$!
+    timeout -s INT "$NUMERICS_S" python3 benchmarks/session_build.py "${CACHED[@]}" --numerics --steps 20 \
+        --stacks "$STACKS" > "$OUT/numerics.txt" 2>&1
+    echo "rc $?" >> "$OUT/numerics.txt"
+    kill $watcher 2>/dev/null
+    grep -v "^  File" "$OUT/numerics.txt" | grep -E "numerics run|failed|rc " | head -3
+}
 
-echo "== 3. a step's cache bookkeeping, full caches"
-for index in cpu cuda; do
-    timeout 240 python3 benchmarks/cache_steady.py --threads 16 --index $index >> "$OUT/cache_steady.txt" 2>&1
-done
-grep "prepares" "$OUT/cache_steady.txt"
+steady() {
+    echo "== 3. a step's cache bookkeeping, full caches"
+    for index in cpu cuda; do
+        timeout 240 python3 benchmarks/cache_steady.py --threads 16 --index $index >> "$OUT/cache_steady.txt" 2>&1
+    done
+    grep "prepares" "$OUT/cache_steady.txt"
+}
 
-echo "== 4. steps of cached + fused tail, bookkeeping on the host, then on the GPU"
-for index in host device; do
-    echo "-- embedding_cache_index=$index" >> "$OUT/steps.txt"
-    timeout 240 python3 benchmarks/session_build.py "${CACHED[@]}" --set tail_backend=triton-fused-loss \
-        --set embedding_cache_index=$index --steps 60 --stacks 0 >> "$OUT/steps.txt" 2>&1
-done
-grep -E "^--|steps, ms" "$OUT/steps.txt" | cut -c1-400
+steps() {
+    echo "== 4. steps of cached + fused tail, bookkeeping on the host, then on the GPU"
+    for index in host device; do
+        echo "-- embedding_cache_index=$index" >> "$OUT/steps.txt"
+        timeout 240 python3 benchmarks/session_build.py "${CACHED[@]}" --set tail_backend=triton-fused-loss \
+            --set embedding_cache_index=$index --steps 60 --stacks 0 >> "$OUT/steps.txt" 2>&1
+    done
+    grep -E "^--|steps, ms" "$OUT/steps.txt" | cut -c1-400
+}
 
-if [ -n "${CARRY:-}" ] && [ -f "$CARRY" ]; then
+resume() {
+    [ -n "${CARRY:-}" ] && [ -f "$CARRY" ] || { echo "== 5. skipped: no CARRY"; return; }
     echo "== 5. the carried run resumed for ${RESUME_S:-240} s"
     mkdir -p runs/probe && tar xzf "$CARRY" -C runs/probe
     run=$(ls -d runs/probe/*/ | head -1)
@@ -78,4 +88,8 @@ if [ -n "${CARRY:-}" ] && [ -f "$CARRY" ]; then
     done
     wait $agent; kill $watcher 2>/dev/null
     tail -5 "$OUT/resumed.txt"
-fi
+}
+
+for part in ${PARTS:-tests numerics steady steps resume}; do
+    "$part"
+done
