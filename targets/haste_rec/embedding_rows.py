@@ -237,17 +237,31 @@ class _CachedRows(_Rows):
 
     def lookup(self, ids, offsets, weights, record):
         lookup = make_lookup(ids, offsets, weights, self.device)
-        slots = self.params.prepare(lookup.rows, record)
-        return self.pool(slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
+        lookup.slots = self.params.prepare(lookup.rows, record)
+        lookup.slots_epoch = self.params.epoch
+        return self.pool(lookup.slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
 
     def fused_update(self, lookup, grad_pooled):
-        """The Triton update over cache slots when one round fits both caches (it does whenever the caches
-        are planned with the batch's distinct rows as their floor, as the trainer plans them)."""
-        if self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1:
+        """Backward's update straight into the cache slots when one round fits both caches: always with the state
+        riding in the weights' slots (equal capacities hold what the lookup held), else when the rows' bounds say
+        so (they do whenever the caches are planned with the batch's distinct rows as their floor, as the trainer
+        plans them). The Triton update, or torch's row-wise one; the lookup's slots are reused when no row has
+        been evicted since (no second prepare), else prepared again (record=False: the lookup counted them)."""
+        riding = isinstance(self.states, SharedSlotRows)
+        if not riding and (self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1):
             return super().fused_update(lookup, grad_pooled)
-        param_slots = self.params.prepare(lookup.rows, record=False)  # resident since the lookup
-        state_index = None  # riding (SharedSlotRows): a row's state sits in its weights' slot
-        if not isinstance(self.states, SharedSlotRows):
+        if lookup.slots_epoch == self.params.epoch:
+            param_slots = lookup.slots
+        else:
+            param_slots = self.params.prepare(lookup.rows, record=False)
+        if self.fused_kernel is None:  # riding: a row's state sits in its weights' slot
+            grads = self.row_grads(lookup, grad_pooled)
+            sq = grads.pow(2).sum()
+            apply_rowwise_adagrad_(self.params.device_rows, param_slots, self.states.device_rows, param_slots,
+                                   grads.to(self.device), self.cfg.lr, self.cfg.eps)
+            return sq
+        state_index = None  # riding: the Triton update's state slot is the row's own
+        if not riding:
             self.state_slot_of[param_slots] = self.states.prepare(lookup.rows, record=True)
             state_index = self.state_slot_of
         return self.fused_kernel(param_slots[lookup.inverse], lookup.offsets, lookup.weights, grad_pooled,

@@ -87,6 +87,8 @@ class Lookup:
     offsets: torch.Tensor         # bag starts
     bag_of: torch.Tensor          # position -> bag
     weights: torch.Tensor | None  # per-sample weights, or None
+    slots: torch.Tensor | None = None  # a device cache's slots of `rows`, as the lookup prepared them
+    slots_epoch: int = -1              # that cache's epoch then (TableCaches.epoch)
 
 
 def make_lookup(ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, device: torch.device) -> Lookup:

@@ -87,6 +87,9 @@ class TableCaches:
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
         self.row_bytes = host_rows.shape[1] * host_rows.element_size()
         self.riders: list[SharedSlotRows] = []  # other rows kept in these slots (SharedSlotRows), moved with them
+        # Bumped whenever a slot's row changes (a prepare that evicts, a replay, an adoption): slots read in one
+        # epoch hold their rows for all of it (a load into an empty slot changes no other slot).
+        self.epoch = 0
 
     def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
         """[lo, hi) of each table's rows within sorted shared-space rows."""
@@ -102,6 +105,7 @@ class TableCaches:
         """
         slots, moves = self._assign(unique_rows, record)
         if moves is not None:
+            self.epoch += bool(moves.back_slots.numel())
             moves = moves.rows_on_host()  # one read-back of the moved rows' ids, for every array moved
             self.move(moves)
             for rider in self.riders:
@@ -120,6 +124,7 @@ class TableCaches:
         """The slot decisions of ``prepare(unique_rows)`` without moving a row: only before training, while
         every host row is current, so an evicted row needs no write-back (``load_resident`` then loads them)."""
         self._assign(unique_rows, record=True)
+        self.epoch += 1  # slots were reassigned
 
     def decisions(self) -> dict[str, torch.Tensor]:
         """Where every row sits and how recently and often each slot was used: what ``replay`` arrives at, to be
@@ -137,6 +142,7 @@ class TableCaches:
         self.use_count.copy_(decisions["use_count"])
         self.filled.copy_(decisions["filled"])
         self.clock = int(decisions["clock"])
+        self.epoch += 1
         self.slot_of_row.fill_(-1)
         occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
         self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)

@@ -215,6 +215,34 @@ def test_equal_caches_share_their_slots():
     assert c["state_bytes_h2d"] == c["state_misses"] * 4 and c["state_bytes_d2h"] > 0
 
 
+def test_an_update_after_its_rows_were_evicted_prepares_them_again(monkeypatch):
+    """Backward's fused update reuses the slots its lookup prepared when no row has been evicted since; two
+    lookups before one backward can evict the first's rows (small caches), and then its update prepares them
+    again. The trained tables are bitwise those of caches that hold every row, where every update reused its
+    lookup's slots."""
+    cpu = torch.device("cpu")
+    again = []
+    prepare = TableCaches.prepare
+    monkeypatch.setattr(TableCaches, "prepare", lambda self, rows, record=True: (
+        again.append(rows.numel()) if not record else None) or prepare(self, rows, record))
+
+    def two_lookups_a_step(fraction: float) -> tuple[list[torch.Tensor], int]:
+        again.clear()
+        store = EmbeddingStore(TABLE_ROWS, DIM, cached(cache_fraction=fraction, opt_state_cache_fraction=fraction),
+                               cpu, SEED, max_unique_per_batch=MAX_UNIQUE)
+        gen = torch.Generator().manual_seed(1)
+        head, target = torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen), torch.randn(BATCH, 3, generator=gen)
+        for step in range(0, STEPS, 2):
+            store.zero_grad()
+            sum((store(batch) @ head - target).pow(2).mean() for batch in BATCHES[step:step + 2]).backward()
+            store.optimizer_step()
+        return store.full_tables() + store.full_optimizer_states(), len(again)
+
+    (small, prepared_again), (whole, reused_all) = two_lookups_a_step(0.01), two_lookups_a_step(1.0)
+    assert prepared_again > 0 and reused_all == 0
+    assert all(torch.equal(a, b) for a, b in zip(small, whole))
+
+
 def test_bigger_cache_misses_less_and_caches_are_independent():
     cpu = torch.device("cpu")
     small = train(cached(cache_fraction=0.01, opt_state_cache_fraction=0.9), cpu).counters
