@@ -74,7 +74,6 @@ class TableCaches:
         self.row_of_slot = torch.full((slots,), -1, dtype=torch.int64, device=index)
         self.last_use = torch.zeros(slots, dtype=torch.int64, device=index)  # one clock for all tables
         self.use_count = torch.zeros(slots, dtype=torch.int64, device=index)
-        self.in_use_marks = torch.zeros(slots, dtype=torch.bool, device=index)  # _oldest_unused's scratch, all False
         self.clock = 0
         self.filled = torch.zeros(tables, dtype=torch.int64, device=index)  # table t's slots [0, filled[t]) hold rows
         self.width = max(capacities)  # the eviction keys as [tables, width]; narrower tables padded with NEVER
@@ -235,23 +234,21 @@ class TableCaches:
 
     def _oldest_unused(self, evicting: torch.Tensor, k: int, in_use: torch.Tensor) -> torch.Tensor:
         """``_lowest_keys`` for LRU over full tables of equal capacity, the steady state of training: topk straight
-        over the stamps, k plus the table's in-use count of them, and the in-use ones dropped after. No key array
-        is made. At large-cached (26 x 200K slots, full, 2-core VM) a prepare took 28.1 and 28.5 ms this way
-        against 36.3 and 36.0 with the key array (``benchmarks/cache_steady.py --threads 2`` as of 8b4a8fa, which
-        timed one prepare)."""
-        tables = torch.bucketize(in_use, self.slot_start[1:], right=True)
-        extra = int(torch.bincount(tables, minlength=len(self.capacities))[evicting].max())
+        over the stamps, with the in-use slots' stamps set past every other for it and put back after. No key
+        array is made, and k is the misses alone: the in-use slots sort last, and a table's in-use slots and
+        misses fit in it (``_check_fits``), so its k oldest that it needs are never in use. At large-cached a
+        batch misses at most ~2,000 rows a table and hits ~2,300: topk took k plus the hits before. On the 2-core
+        VM (``benchmarks/cache_steady.py --threads 2 --batches 10``, two runs each, alternated) a step's two
+        prepares with the state in its own cache went from 86.0 and 83.7 ms to 76.9 and 69.1; with the state
+        riding (one topk) 44.2 and 43.8 against 50.6 and 42.9, within the VM's noise."""
+        saved = self.last_use.index_select(0, in_use)
+        self.last_use.index_fill_(0, in_use, NEVER)
         stamps = self.last_use.view(-1, self.width)
         if evicting.numel() < stamps.shape[0]:
             stamps = stamps.index_select(0, evicting)
-        oldest = torch.topk(stamps, min(k + extra, self.width), dim=1, largest=False, sorted=True).indices
-        if not extra:
-            return oldest
-        self.in_use_marks.index_fill_(0, in_use, True)
-        busy = self.in_use_marks[oldest + self.slot_start[evicting].unsqueeze(1)]
-        self.in_use_marks.index_fill_(0, in_use, False)
-        free_first = torch.argsort(busy.to(torch.int8), dim=1, stable=True)[:, :k]  # stable: still oldest first
-        return oldest.gather(1, free_first)
+        oldest = torch.topk(stamps, k, dim=1, largest=False, sorted=True).indices
+        self.last_use.index_copy_(0, in_use, saved)
+        return oldest
 
     def _stamp(self, slots: torch.Tensor) -> None:
         """Mark `slots` used now, in their order (a batch's rows are sorted, so this is deterministic)."""
