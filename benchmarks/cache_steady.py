@@ -85,6 +85,12 @@ def main() -> None:
         for batch in batches[:5]:
             weights.prepare(batch)
             states.prepare(batch)
+        if state == "apart":  # what a prepare's topk takes per table (TableCaches._oldest_unused)
+            first = batches[5]
+            table = torch.bucketize(first, weights.row_edges, right=True)
+            held = weights.slot_of_row.index_select(0, first) >= 0
+            print(f"  one batch, most misses in a table {int(torch.bincount(table[~held]).max()):,}, most hits "
+                  f"{int(torch.bincount(table[held]).max()):,}")
         times, again, misses = [], [], weights.misses
         for batch in batches[5:]:
             begin = now()
