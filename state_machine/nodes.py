@@ -305,13 +305,19 @@ def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahea
     """The candidate's numerics (or quality) run; one that fails beside workers started ahead runs once more
     without them (it may have run out of device memory beside their builds), unless it ran out of time: their
     builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
-    double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run)."""
+    double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run).
+    A failed try is kept in the candidate's folder (``<mode>_failed*.json``), with the stacks a hung worker left."""
+    folder = _dir(state, "candidates", f"{state.current.id:03d}")
     result = run_worker(request, timeout_s=state.plan.timeout_s)
+    if not result.ok:
+        write_json(folder / f"{request.mode}_failed.json", result)
     if not result.ok and ahead is not None and result.failure.kind != "timeout":
         ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
                   reason=result.failure.message)
         discard(ahead)
         result = run_worker(request, timeout_s=state.plan.timeout_s)
+        if not result.ok:
+            write_json(folder / f"{request.mode}_failed_again.json", result)
     return result
 
 

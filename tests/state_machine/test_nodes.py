@@ -246,8 +246,8 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
 def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candidates(
         state, ctx, monkeypatch, tmp_path, lane, concurrent, ahead, kind):
     """On a GPU the candidate's timing workers start while its numerics run; a numerics run that fails beside them
-    runs once more without them (not one that ran out of time: that would only double its cost), and a rejection
-    kills them. A lane whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would
+    runs once more without them (not one that ran out of time: that would only double its cost), each failed try
+    is kept with its detail, and a rejection kills them. A lane whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would
     overlap another lane's timed blocks."""
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
@@ -268,6 +268,9 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     assert out["current_verdict"].stage == "validate" and "numerics run failed" in out["current_verdict"].reason
     events = Path(one.run_dir, "events.jsonl")
     retried = '"numerics-retry"' in (events.read_text() if events.exists() else "")
+    kept = sorted(p.name for p in Path(one.run_dir, "candidates", "001").glob("numerics_failed*.json"))
+    assert kept == (["numerics_failed.json", "numerics_failed_again.json"] if retried else ["numerics_failed.json"])
+    assert '"message": "it failed"' in Path(one.run_dir, "candidates", "001", "numerics_failed.json").read_text()
     if ahead and kind == "timeout":
         assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key")] and not retried
     elif ahead:
