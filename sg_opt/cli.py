@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -396,12 +397,26 @@ def report(
         console.print(f"written: {run_dirs[0].rstrip('/')}/ (report.md, report.html, summary.json, best_config.toml)")
 
 
+class Stopped(BaseException):
+    """SIGTERM (``timeout``, a batch system): unwinds the command like Ctrl-C, so that every worker is asked where
+    it was and killed on the way out (``targets.worker_client.run_child``) instead of running on, orphaned, beside
+    the next command; a killed run's checkpoint is kept either way."""
+
+
+def _stop(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _stop)
     try:
         app()
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    except Stopped:
+        err_console.print("stopped by SIGTERM (a run resumes from its last checkpoint with --resume)")
+        sys.exit(143)
 
 
 if __name__ == "__main__":

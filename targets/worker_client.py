@@ -11,10 +11,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -206,6 +207,17 @@ def lost_rank(stderr: str) -> str | None:
     return None
 
 
+def _stopped_while_running(proc: Any, stderr_file: Path, what: str) -> None:
+    """Kill a worker whose caller is stopping, and say on the caller's stderr where the worker was. A worker runs
+    in a session of its own, so it would run on, orphaned, after its caller had gone; and a caller stopped
+    without this took the worker's stacks with it (an agent's slice ended by `timeout`, session 17)."""
+    stacks = ask_for_stacks(proc.pid, stderr_file)
+    kill_tree(proc.pid)
+    proc.wait()
+    print(f"stopped while a {what} was running (pid {proc.pid}); where it was:\n{stacks or '(no stacks)'}",
+          file=sys.stderr, flush=True)
+
+
 def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: float,
               failed: Callable[[str, str, str], R], env: dict[str, str] | None = None, what: str = "worker",
               cwd: str | None = None, launcher: list[str] | None = None,
@@ -234,6 +246,9 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
                 kill_tree(proc.pid)
                 proc.wait()
                 return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", stacks)
+            except BaseException:  # the caller is stopping (Ctrl-C, SIGTERM): no worker outlives it
+                _stopped_while_running(proc, stderr_file, what)
+                raise
         stderr = stderr_file.read_bytes()[-64000:].decode(errors="replace")
         stderr_tail = stderr[-4000:]
         if code != 0 and lost is not None and (crashed := lost(stderr)):

@@ -164,3 +164,33 @@ def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_
     assert result.exit_code == 1
     assert "the noise floor could not be set (timeout)" in result.output
     assert "where each process waited" in result.output and "in _misbehave" in result.output
+
+
+def test_a_command_stopped_by_sigterm_kills_its_worker_and_says_where_it_was():
+    """`timeout` ends an agent's slice with SIGTERM: the command unwinds, asks its worker for its stacks, kills it
+    (a worker runs in a session of its own, so it would otherwise run on, orphaned) and exits 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from targets.worker_client import descendants
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "sg_opt.cli", "bench", "--target", "tests.fixtures.faulty_target:target",
+                             "--size", "tiny", "--set", "behaviour=hang", "--timeout", "300"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not descendants(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(6)  # the worker builds the tiny session and reaches its hang
+    below = descendants(proc.pid)
+    assert below, "the worker never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err and "where it was" in err and "in _misbehave" in err
+    deadline = time.monotonic() + 15
+    while any(Path(f"/proc/{pid}").exists() for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in below if Path(f"/proc/{pid}").exists()]
