@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A long `sg-opt optimize` split over several GPU calls of at most ~10 minutes each.
 #
-# Each call runs the agent for at most SLICE seconds, then stops it (SIGTERM; the checkpoint of every
-# finished node is already on disk) and packs the run directory into $OUT/run.tgz. The next call
+# Each call runs the agent for at most SLICE seconds, then stops it (SIGTERM: the checkpoint of every
+# finished node is already on disk; a worker in flight is killed, its stacks in optimize.log) and packs the run directory into $OUT/run.tgz. The next call
 # finds the run under runs/ (kept on a warm machine) or unpacks the tarball carried back (CARRY=path),
 # and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
