@@ -34,9 +34,9 @@ watch_machine() {  # watch_machine FILE SECONDS: processes, memory and GPU every
 
 tests() {
     echo "== 1. GPU tests"
-    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/haste_rec/test_cache.py tests/haste_rec/test_embeddings.py \
+    timeout 300 python3 -m pytest -p no:cacheprovider tests/haste_rec/test_cache.py tests/haste_rec/test_embeddings.py \
         tests/haste_rec/test_shared_ring.py tests/haste_rec/test_triton_embedding.py > "$OUT/gpu_tests.txt" 2>&1
-    tail -1 "$OUT/gpu_tests.txt"
+    grep -E "passed|failed|error" "$OUT/gpu_tests.txt" | tail -3
 }
 
 numerics() {
