@@ -1,4 +1,4 @@
-"""benchmarks/loader_handover.py, benchmarks/host_adagrad.py and benchmarks/build_cost.py at tiny sizes: each
+"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py and cache_steady.py at small sizes: each
 runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
 
 from __future__ import annotations
@@ -35,3 +35,18 @@ def test_build_cost_times_each_stage_and_profiles_the_first_build():
                       "build again"]
     assert out.rstrip().endswith("(imports included)")
     assert "Ordered by: cumulative time" in out and "target.py" in out and "(build)" in out
+
+
+def test_session_build_times_a_build_and_its_steps_or_a_numerics_request():
+    cached = ("--size", "tiny", "--device", "cpu", "--set", "embedding_placement=cached", "--set",
+              "embedding_grad_mode=fused", "--steps", "2", "--stacks", "0")
+    out = _run("benchmarks/session_build.py", *cached)
+    assert "built in" in out and "cache_warm_batches" in out and "2 steps, ms each:" in out
+    out = _run("benchmarks/session_build.py", *cached, "--numerics")
+    assert out.startswith("numerics run of 2 steps:") and "of which the build" in out
+
+
+def test_cache_steady_times_the_prepares_of_full_or_filling_caches():
+    out = _run("benchmarks/cache_steady.py", "--size", "small", "--batches", "2", "--max-warm", "40", "--threads", "1")
+    assert out.count("a step's two prepares: median") == 2 and "bookkeeping on cpu" in out
+    assert "the weights' prepare again" in out and "a later worker reads and adopts them" in out
