@@ -1,5 +1,5 @@
-"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py and cache_steady.py at small sizes: each
-runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
+"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py and cache_steady.py at small
+sizes: each runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
 
 from __future__ import annotations
 
