@@ -72,8 +72,9 @@ def _numerics(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"failed after {result.wall_s:.1f} s: {result.failure.message}\n{result.failure.detail}")
         return 1
-    print(f"numerics run of {args.steps} steps: {result.wall_s:.1f} s, of which the build {result.build_s:.1f} s; "
-          f"final loss {result.numerics.losses[-1]:.6g}")
+    stages = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.numerics.stage_s.items())
+    print(f"numerics run of {args.steps} steps: {result.wall_s:.1f} s, of which the build {result.build_s:.1f} s, "
+          f"{stages}; final loss {result.numerics.losses[-1]:.6g}")
     return 0
 
 

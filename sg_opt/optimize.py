@@ -137,7 +137,8 @@ class LiveView:
             line = (f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after #{record['after']} "
                     f"({record['step_ms']:.2f} ms/step)")
         elif kind == "validated":
-            line = f"#{record['id']} numerics hold ({record['numerics_class']}); timing it"
+            took = f" after {record['wall_s']:.0f} s (build {record['build_s']:.0f} s)" if "wall_s" in record else ""
+            line = f"#{record['id']} numerics hold ({record['numerics_class']}){took}; timing it"
         elif kind == "numerics-retry":
             line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
                     f"{record['reason']}); once more without them")

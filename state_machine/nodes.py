@@ -344,7 +344,9 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
     if not verdict.ok:
         return _reject("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,
                        numerics_detail=verdict.detail, artifacts={"numerics": path})
-    ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail)
+    ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail,
+              wall_s=result.wall_s, build_s=result.build_s,
+              stage_s=result.numerics.stage_s if result.numerics is not None else {})
     return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
 
 

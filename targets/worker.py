@@ -140,14 +140,20 @@ def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
     losses, norms = [], []
     session.record_grad_norms = True
     nudge = getattr(session, "perturb", None) if req.reassociate else None
+    start = time.perf_counter()
     for step in range(req.steps):
         if nudge is not None:
             nudge(FP32_UNIT_ROUNDOFF, req.seed + 1 + step)
         losses.append(float(session.step()))
         norms.append(session.grad_norms())
     _check_finite(losses)
-    return NumericsData(losses=losses, grad_norms=norms, probe=session.probe(), digest=session.param_digest(),
-                        counters=session.counters())
+    stepped = time.perf_counter()
+    probe = session.probe()
+    probed = time.perf_counter()
+    digest = session.param_digest()
+    stages = {"steps": stepped - start, "probe": probed - stepped, "digest": time.perf_counter() - probed}
+    return NumericsData(losses=losses, grad_norms=norms, probe=probe, digest=digest, counters=session.counters(),
+                        stage_s=stages)
 
 
 def run_quality(session: Session, req: WorkerRequest) -> QualityData:

@@ -71,6 +71,8 @@ class NumericsData(BaseModel):
     probe: dict[str, list[float]]
     digest: dict[str, Any]
     counters: dict[str, float] = Field(default_factory=dict)
+    stage_s: dict[str, float] = Field(default_factory=dict, description="seconds of the steps, the probe and the "
+                                                                        "digest (the build is WorkerResult.build_s)")
 
 
 class QualityData(BaseModel):

@@ -73,6 +73,8 @@ def test_numerics_mode_of_the_reference_trainer_is_deterministic():
     assert all(norms["tail"] > 0 for norms in first.numerics.grad_norms)  # step 1 included
     # where a worker's time goes: the build within its own wall time, within the process's as the parent saw it
     assert 0 < first.build_s < first.wall_s < first.process_s
+    stages = first.numerics.stage_s  # and the rest: the steps, the probe and the digest, each within the wall time
+    assert set(stages) == {"steps", "probe", "digest"} and first.build_s + sum(stages.values()) < first.wall_s
 
 
 def test_quality_mode_of_the_reference_trainer():
