@@ -293,6 +293,12 @@ class _CachedRows(_Rows):
         self.states.flush()
         return self.params.host_rows.clone(), self.states.host_rows.clone()
 
+    def current_weights(self):
+        """The host weights once every cached row is written back: no copy (13.3 GB at large-cached, which the
+        parameter digest of every numerics run made, beside the workers started ahead)."""
+        self.params.flush()
+        return self.params.host_rows
+
     def counters(self):
         return super().counters() | {f"{name}_{key}": value for name, caches in (("param", self.params),
                                      ("state", self.states)) for key, value in caches.counters().items()}

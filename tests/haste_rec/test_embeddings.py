@@ -243,6 +243,25 @@ def test_an_update_after_its_rows_were_evicted_prepares_them_again(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(small, whole))
 
 
+def test_the_current_tables_of_a_cache_are_its_host_rows_written_back():
+    """What the parameter digest reads: for a cache, the host rows once every cached row is written back, without
+    a copy. Equal to full_tables() mid-training (with dirty rows cached), and training goes on bitwise as
+    without the look."""
+    cpu, cfg = torch.device("cpu"), cached(cache_fraction=0.01, opt_state_cache_fraction=0.01)
+    store = EmbeddingStore(TABLE_ROWS, DIM, cfg, cpu, SEED, access_counts=COUNTS, max_unique_per_batch=MAX_UNIQUE)
+    gen = torch.Generator().manual_seed(1)
+    head, target = torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen), torch.randn(BATCH, 3, generator=gen)
+    for step, batch in enumerate(BATCHES):
+        store.zero_grad()
+        (store(batch) @ head - target).pow(2).mean().backward()
+        store.optimizer_step()
+        if step == STEPS // 2:
+            current = store.current_tables()
+            assert all(torch.equal(a, b) for a, b in zip(current, store.full_tables()))
+            assert current[0].data_ptr() == store._rows.params.host_rows.data_ptr()  # no copy
+    assert all(torch.equal(a, b) for a, b in zip(store.full_tables(), train(cfg, cpu).tables))
+
+
 def test_bigger_cache_misses_less_and_caches_are_independent():
     cpu = torch.device("cpu")
     small = train(cached(cache_fraction=0.01, opt_state_cache_fraction=0.9), cpu).counters
