@@ -398,9 +398,10 @@ def report(
 
 
 class Stopped(BaseException):
-    """SIGTERM (``timeout``, a batch system): unwinds the command like Ctrl-C, so that every worker is asked where
-    it was and killed on the way out (``targets.worker_client.run_child``) instead of running on, orphaned, beside
-    the next command; a killed run's checkpoint is kept either way."""
+    """Ctrl-C or SIGTERM (``timeout``, a batch system): unwinds the command so that every worker is asked where it
+    was and killed on the way out (``targets.worker_client.run_child``) instead of running on, orphaned, beside the
+    next command; a killed run's checkpoint is kept either way. Not a KeyboardInterrupt, which typer would turn
+    into a silent exit."""
 
 
 def _stop(signum: int, _frame) -> None:
@@ -408,15 +409,15 @@ def _stop(signum: int, _frame) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: keep that
+            signal.signal(signum, _stop)
     try:
         app()
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except Stopped:
-        err_console.print("stopped by SIGTERM (a run resumes from its last checkpoint with --resume)")
-        sys.exit(143)
+    except Stopped as stop:
+        name = signal.Signals(stop.args[0]).name
+        err_console.print(f"stopped by {name} (a run resumes from its last checkpoint with --resume)")
+        sys.exit(128 + stop.args[0])
 
 
 if __name__ == "__main__":

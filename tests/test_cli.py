@@ -166,9 +166,11 @@ def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_
     assert "where each process waited" in result.output and "in _misbehave" in result.output
 
 
-def test_a_command_stopped_by_sigterm_kills_its_worker_and_says_where_it_was():
-    """`timeout` ends an agent's slice with SIGTERM: the command unwinds, asks its worker for its stacks, kills it
-    (a worker runs in a session of its own, so it would otherwise run on, orphaned) and exits 143."""
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was(signum):
+    """`timeout` ends an agent's slice with SIGTERM, a user with Ctrl-C: the command unwinds, asks its worker for
+    its stacks, kills it (a worker runs in a session of its own, so it would otherwise run on, orphaned) and exits
+    143 or 130."""
     import signal
     import subprocess
     import sys
@@ -186,10 +188,10 @@ def test_a_command_stopped_by_sigterm_kills_its_worker_and_says_where_it_was():
     time.sleep(6)  # the worker builds the tiny session and reaches its hang
     below = descendants(proc.pid)
     assert below, "the worker never started"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, signum))
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert "stopped by SIGTERM" in err and "where it was" in err and "in _misbehave" in err
+    assert proc.returncode == 128 + getattr(signal, signum), err
+    assert f"stopped by {signum}" in err and "where it was" in err and "in _misbehave" in err
     deadline = time.monotonic() + 15
     while any(Path(f"/proc/{pid}").exists() for pid in below) and time.monotonic() < deadline:
         time.sleep(0.2)
