@@ -177,19 +177,26 @@ def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was(si
     import time
     from pathlib import Path
 
-    from targets.worker_client import descendants
+    from targets.worker_client import descendants, kill_tree
     root = Path(__file__).resolve().parents[1]
+    # as from a terminal: a test run in the background (CI, `make test &`) would pass on an ignored SIGINT
     proc = subprocess.Popen([sys.executable, "-m", "sg_opt.cli", "bench", "--target", "tests.fixtures.faulty_target:target",
                              "--size", "tiny", "--set", "behaviour=hang", "--timeout", "300"], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not descendants(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(6)  # the worker builds the tiny session and reaches its hang
-    below = descendants(proc.pid)
-    assert below, "the worker never started"
-    proc.send_signal(getattr(signal, signum))
-    _, err = proc.communicate(timeout=60)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not descendants(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(6)  # the worker builds the tiny session and reaches its hang
+        below = descendants(proc.pid)
+        assert below, "the worker never started"
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.kill()
     assert proc.returncode == 128 + getattr(signal, signum), err
     assert f"stopped by {signum}" in err and "where it was" in err and "in _misbehave" in err
     deadline = time.monotonic() + 15
