@@ -207,15 +207,12 @@ def lost_rank(stderr: str) -> str | None:
     return None
 
 
-def _stopped_while_running(proc: Any, stderr_file: Path, what: str) -> None:
-    """Kill a worker whose caller is stopping, and say on the caller's stderr where the worker was. A worker runs
-    in a session of its own, so it would run on, orphaned, after its caller had gone; and a caller stopped
-    without this took the worker's stacks with it (an agent's slice ended by `timeout`, session 17)."""
+def _kill_with_stacks(proc: Any, stderr_file: Path) -> str:
+    """Ask a worker's processes where they are, kill them all and reap the worker; returns the stacks."""
     stacks = ask_for_stacks(proc.pid, stderr_file)
     kill_tree(proc.pid)
     proc.wait()
-    print(f"stopped while a {what} was running (pid {proc.pid}); where it was:\n{stacks or '(no stacks)'}",
-          file=sys.stderr, flush=True)
+    return stacks
 
 
 def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: float,
@@ -242,12 +239,15 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                stacks = ask_for_stacks(proc.pid, stderr_file)
-                kill_tree(proc.pid)
-                proc.wait()
+                stacks = _kill_with_stacks(proc, stderr_file)
                 return failed("timeout", f"the {what} did not finish within {timeout_s:g} s and was killed", stacks)
-            except BaseException:  # the caller is stopping (Ctrl-C, SIGTERM): no worker outlives it
-                _stopped_while_running(proc, stderr_file, what)
+            except BaseException:
+                # The caller is stopping (Ctrl-C, SIGTERM). The worker runs in a session of its own and would run
+                # on, orphaned; and without this a stopped caller took the worker's stacks with it (an agent's
+                # slice ended by `timeout`, session 17). So: kill it, and say where it was.
+                stacks = _kill_with_stacks(proc, stderr_file)
+                print(f"stopped while a {what} was running (pid {proc.pid}); where it was:\n{stacks or '(no stacks)'}",
+                      file=sys.stderr, flush=True)
                 raise
         stderr = stderr_file.read_bytes()[-64000:].decode(errors="replace")
         stderr_tail = stderr[-4000:]
