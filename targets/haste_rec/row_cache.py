@@ -85,10 +85,9 @@ class RowMoves:
     def rows_on_host(self) -> "RowMoves":
         """These moves with the host rows' ids on the host, where they index the host array: one read-back for
         both when the cache's metadata lives on the device (``TableCaches``' index_device)."""
-        on_device = [t.device for t in (self.back_rows, self.load_rows) if t.device.type != "cpu"]
-        if not on_device:
+        if self.back_rows.device.type == "cpu":  # both ids come from the same metadata, so they live together
             return self
-        both = torch.cat([self.back_rows.to(on_device[0]), self.load_rows.to(on_device[0])]).cpu()
+        both = torch.cat([self.back_rows, self.load_rows]).cpu()
         back = self.back_rows.numel()
         return RowMoves(both[:back], self.back_slots, both[back:], self.load_slots)
 

@@ -237,12 +237,11 @@ class TableCaches:
         """``_lowest_keys`` for LRU over full tables of equal capacity, the steady state of training: topk straight
         over the stamps, with the in-use slots' stamps set past every other for it and put back after. No key
         array is made, and k is the misses alone: the in-use slots sort last, and a table's in-use slots and
-        misses fit in it (``_check_fits``), so its k oldest that it needs are never in use. At large-cached one
-        batch missed at most 1,876 rows of a table and hit 2,287 (``benchmarks/cache_steady.py``): topk took k
-        plus the hits before. On the 2-core
-        VM (``benchmarks/cache_steady.py --threads 2 --batches 10``, two runs each, alternated) a step's two
-        prepares with the state in its own cache went from 86.0 and 83.7 ms to 76.9 and 69.1; with the state
-        riding (one topk) 44.2 and 43.8 against 50.6 and 42.9, within the VM's noise."""
+        misses fit in it (``_check_fits``), so its k oldest that it needs are never in use. Before, topk took k
+        plus the hits: at large-cached one batch missed at most 1,876 rows of a table and hit 2,287
+        (``benchmarks/cache_steady.py``). On the 2-core VM (``--threads 2 --batches 10``, two runs of each version,
+        alternated) a step's two prepares with the state in its own cache went from 86.0 and 83.7 ms to 76.9 and
+        69.1; with the state riding (one topk), 44.2 and 43.8 against 50.6 and 42.9, within the VM's noise."""
         saved = self.last_use.index_select(0, in_use)
         self.last_use.index_fill_(0, in_use, NEVER)
         stamps = self.last_use.view(-1, self.width)
