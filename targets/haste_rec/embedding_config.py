@@ -56,6 +56,12 @@ class EmbeddingConfig:
                               f" not {fractions}, {self.lr}, {self.eps}, {self.init_std}")
 
     @property
+    def ids_on_device(self) -> bool:
+        """Whether lookups want the batch's ids on the compute device: the tables are there, or the caches'
+        bookkeeping is (cache_index device); else on the host. The loader moves them there ahead."""
+        return self.placement == "device" or (self.placement == "cached" and self.cache_index == "device")
+
+    @property
     def autograd_tables(self) -> bool:
         """Whether torch autograd forms the table gradient: dense, and sparse on the device with the torch
         backend (embedding_bag's sparse gradient); every other mode forms row gradients itself."""

@@ -202,7 +202,7 @@ class _CachedRows(_Rows):
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig, layout: TableLayout,
                  capacities: Sequence[int], state_capacities: Sequence[int]):
         super().__init__(device, cfg)
-        self.index_device = device if cfg.cache_index == "device" else CPU
+        self.index_device = device if cfg.ids_on_device else CPU
         weight, state = _host_buffers(init)
         self.params = TableCaches(weight, layout.table_rows, capacities, cfg.eviction, device, cfg.pin_memory,
                                   "row cache", self.index_device)

@@ -21,7 +21,7 @@ from targets.haste_rec.dense_graph import DenseGraphs, check_dense_graph
 from targets.haste_rec.haste import check_backend_device
 from targets.haste_rec.loader import DeviceBatches
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
-from targets.haste_rec.model import HasteRecModel
+from targets.haste_rec.model import HasteRecModel, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.row_ops import TableLayout
 from targets.haste_rec.sizes import HasteRecSize
@@ -39,12 +39,6 @@ def _ones_at(targets: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> t
     return targets.view(-1).index_fill_(0, rows * targets.shape[1] + cols, 1.0).view_as(targets)
 
 
-def ids_on_device(config: Mapping[str, Any]) -> bool:
-    """Whether the embedding lookup wants the batch's ids on the device: tables there, or the caches' bookkeeping."""
-    return config["embedding_placement"] == "device" or (config["embedding_placement"] == "cached"
-                                                          and config["embedding_cache_index"] == "device")
-
-
 def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: torch.device) -> DeviceBatches:
     """The batch stream per the data knobs, built before anything large exists in this process.
 
@@ -57,7 +51,7 @@ def loader_first(source, size: HasteRecSize, config: Mapping[str, Any], device: 
     layout = TableLayout(size.table_rows)
     return DeviceBatches(source, device, workers=config["data_workers"],
                          pin_memory=config["pin_memory"], prefetch=config["prefetch_to_device"],
-                         sparse_on_device=ids_on_device(config),
+                         sparse_on_device=embedding_config(config, size).ids_on_device,
                          prepare=layout.pack if config["pack_batches"] else None)
 
 
