@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stacks > 0:
         faulthandler.dump_traceback_later(args.stacks, repeat=True, file=sys.stderr)
+    overrides = build_overrides(TARGET.knob_space, None, args.sets)
     if args.numerics:
-        return _numerics(args)
+        return _numerics(args, overrides)
     device = torch.device(args.device)
-    config = TARGET.knob_space.resolve(build_overrides(TARGET.knob_space, None, args.sets))
+    config = TARGET.knob_space.resolve(overrides)
     begin = time.perf_counter()
     session = build(config, args.size, {}, device)
     built = _synced(device)
@@ -64,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _numerics(args: argparse.Namespace) -> int:
-    overrides = build_overrides(TARGET.knob_space, None, args.sets)
+def _numerics(args: argparse.Namespace, overrides: dict) -> int:
     result = execute(WorkerRequest(target="haste-rec", size=args.size, mode="numerics", config=overrides,
                                    device=args.device, steps=args.steps))
     faulthandler.cancel_dump_traceback_later()

@@ -40,12 +40,17 @@ class Trajectory:
     counters: dict[str, float]
 
 
+def linear_task(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed linear map and the MSE target every trajectory here trains towards."""
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen).to(device),
+            torch.randn(BATCH, 3, generator=gen).to(device))
+
+
 def train(cfg: EmbeddingConfig, device: torch.device, batches_per_step: int = 1) -> Trajectory:
     """STEPS // batches_per_step optimizer steps of pooled -> fixed linear -> MSE."""
     store = EmbeddingStore(TABLE_ROWS, DIM, cfg, device, SEED, access_counts=COUNTS, max_unique_per_batch=MAX_UNIQUE)
-    gen = torch.Generator().manual_seed(1)
-    head = torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen).to(device)
-    target = torch.randn(BATCH, 3, generator=gen).to(device)
+    head, target = linear_task(device)
     losses, grad_sq = [], []
     for step in range(STEPS // batches_per_step):
         store.zero_grad()
@@ -235,8 +240,7 @@ def test_an_update_after_its_rows_were_evicted_prepares_them_again(monkeypatch):
         again.clear()
         store = EmbeddingStore(TABLE_ROWS, DIM, cached(cache_fraction=fraction, opt_state_cache_fraction=fraction),
                                cpu, SEED, max_unique_per_batch=MAX_UNIQUE)
-        gen = torch.Generator().manual_seed(1)
-        head, target = torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen), torch.randn(BATCH, 3, generator=gen)
+        head, target = linear_task(cpu)
         for step in range(0, STEPS, 2):
             store.zero_grad()
             sum((store(batch) @ head - target).pow(2).mean() for batch in BATCHES[step:step + 2]).backward()
@@ -254,8 +258,7 @@ def test_the_current_tables_of_a_cache_are_its_host_rows_written_back():
     without the look."""
     cpu, cfg = torch.device("cpu"), cached(cache_fraction=0.01, opt_state_cache_fraction=0.01)
     store = EmbeddingStore(TABLE_ROWS, DIM, cfg, cpu, SEED, access_counts=COUNTS, max_unique_per_batch=MAX_UNIQUE)
-    gen = torch.Generator().manual_seed(1)
-    head, target = torch.randn(len(TABLE_ROWS) * DIM, 3, generator=gen), torch.randn(BATCH, 3, generator=gen)
+    head, target = linear_task(cpu)
     for step, batch in enumerate(BATCHES):
         store.zero_grad()
         (store(batch) @ head - target).pow(2).mean().backward()
