@@ -88,3 +88,44 @@ def test_a_second_cached_session_adopts_the_first_ones_warmed_caches(tmp_path, m
     for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
         assert torch.equal(getattr(first, name), getattr(second, name)), name
     assert first.clock == second.clock > 0
+
+
+MISSING_AT_ONCE = """
+import sys, time
+from targets.haste_rec import build_cache
+
+def compute():
+    with open(sys.argv[1], "a") as log:
+        log.write("computed\\n")
+    time.sleep(1.0)  # long enough for every other process to miss the entry too
+    return {"value": __import__("torch").arange(5)}
+
+open(sys.argv[2], "w").close()  # this process is past its imports
+while len(__import__("glob").glob(sys.argv[3] + "/ready-*")) < 3:
+    time.sleep(0.01)
+print(build_cache.cached("test", ("one key",), compute)["value"].tolist())
+"""
+
+
+def test_processes_that_miss_at_once_compute_once(tmp_path):
+    """Three workers missing the same entry at once: one computes, the others wait and read what it wrote (on an
+    H200 two workers replayed the same cache warm-up at once, each 16x slower than alone)."""
+    import os
+    import subprocess
+    import sys
+    script, log = tmp_path / "miss.py", tmp_path / "computed.log"
+    script.write_text(MISSING_AT_ONCE)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, str(script), str(log), str(tmp_path / f"ready-{i}"), str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, env=env) for i in range(3)]
+    outputs = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0]
+    assert outputs == ["[0, 1, 2, 3, 4]"] * 3
+    assert log.read_text().splitlines() == ["computed"], "more than one process computed the entry"
+
+
+def test_a_compute_may_read_another_entry(tmp_path, monkeypatch):
+    """Nested: the outer compute holds the lock; the inner one must not wait on it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    outer = build_cache.cached("outer", (1,), lambda: build_cache.cached("inner", (2,), lambda: torch.ones(2)) * 2)
+    assert torch.equal(outer, torch.full((2,), 2.0))
