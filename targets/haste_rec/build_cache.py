@@ -17,7 +17,7 @@ cached candidate's numerics worker and its timing worker, started ahead beside i
 batches at once (``model.CACHE_WARM_BATCHES``), each with a thread per CPU, beside the incumbent's build: the
 numerics worker's build took 342 s, where alone it took 21.6 s. Torch's thread teams on oversubscribed cores
 wait at every parallel region's barrier for a preempted thread: on the 2-core VM three such builds at once
-(`medium`, cached, two threads each) took 114-121 s each, one alone 8.9 s.
+(`medium`, cached, two threads each, the cache off) took 114-121 s each, one alone 8.9 s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 from targets.protocol import user_cache_dir
 
 ENV_SWITCH = "SG_OPT_BUILD_CACHE"
-_holding = threading.local()  # depth 1 while this thread holds ``computing``'s lock
+_holding = threading.local()  # .held: this thread holds ``computing``'s lock
 
 
 def enabled() -> bool:
@@ -83,7 +83,7 @@ def computing(folder: Path) -> Iterator[None]:
     drops the lock with its holder, so a killed worker never blocks the next. Without a lock file (the folder
     cannot be made or written) everyone computes, as without the cache. A compute that reads another entry
     (nested) already holds it: a second flock of this process would wait on itself."""
-    if getattr(_holding, "depth", 0):
+    if getattr(_holding, "held", False):
         yield
         return
     try:
@@ -94,11 +94,11 @@ def computing(folder: Path) -> Iterator[None]:
         return
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _holding.depth = 1
+        _holding.held = True
         try:
             yield
         finally:
-            _holding.depth = 0
+            _holding.held = False
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

@@ -1,5 +1,11 @@
 """The build cache: a second build reads the first's label layout, bit for bit, and never a stale one."""
 
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import torch
 
 from targets.haste_rec import build_cache
@@ -101,7 +107,7 @@ def compute():
     return {"value": __import__("torch").arange(5)}
 
 open(sys.argv[2], "w").close()  # this process is past its imports
-while len(__import__("glob").glob(sys.argv[3] + "/ready-*")) < 3:
+while len(__import__("glob").glob(sys.argv[3] + "/ready-*")) < int(sys.argv[4]):
     time.sleep(0.01)
 print(build_cache.cached("test", ("one key",), compute)["value"].tolist())
 """
@@ -109,23 +115,28 @@ print(build_cache.cached("test", ("one key",), compute)["value"].tolist())
 
 def test_processes_that_miss_at_once_compute_once(tmp_path):
     """Three workers missing the same entry at once: one computes, the others wait and read what it wrote (on an
-    H200 two workers replayed the same cache warm-up at once, each 16x slower than alone)."""
-    import os
-    import subprocess
-    import sys
+    H200 two workers replayed the same cache warm-up at once, and the numerics worker's build took 16x its time
+    alone)."""
+    workers = 3
     script, log = tmp_path / "miss.py", tmp_path / "computed.log"
     script.write_text(MISSING_AT_ONCE)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": os.getcwd()}
-    procs = [subprocess.Popen([sys.executable, str(script), str(log), str(tmp_path / f"ready-{i}"), str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True, env=env) for i in range(3)]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parents[2])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(log), str(tmp_path / f"ready-{i}"), str(tmp_path),
+                               str(workers)], stdout=subprocess.PIPE, text=True, env=env) for i in range(workers)]
     outputs = [proc.communicate(timeout=120)[0].strip() for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0, 0]
-    assert outputs == ["[0, 1, 2, 3, 4]"] * 3
+    assert [proc.returncode for proc in procs] == [0] * workers
+    assert outputs == ["[0, 1, 2, 3, 4]"] * workers
     assert log.read_text().splitlines() == ["computed"], "more than one process computed the entry"
 
 
 def test_a_compute_may_read_another_entry(tmp_path, monkeypatch):
-    """Nested: the outer compute holds the lock; the inner one must not wait on it."""
+    """Nested: the outer compute holds the lock; the inner one must not wait on it (run in a thread, so that a
+    deadlock fails the test instead of hanging it)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    outer = build_cache.cached("outer", (1,), lambda: build_cache.cached("inner", (2,), lambda: torch.ones(2)) * 2)
-    assert torch.equal(outer, torch.full((2,), 2.0))
+    got = []
+    nested = threading.Thread(target=lambda: got.append(build_cache.cached(
+        "outer", (1,), lambda: build_cache.cached("inner", (2,), lambda: torch.ones(2)) * 2)), daemon=True)
+    nested.start()
+    nested.join(timeout=30)
+    assert not nested.is_alive(), "a nested compute waited on its own lock"
+    assert torch.equal(got[0], torch.full((2,), 2.0))
