@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from profilers.records import CoarseProfile, HostWait, OpTime, PhaseTime
+from profilers.records import CoarseProfile, HostWait, HostWork, OpTime, PhaseTime
 from targets.protocol import Session
 from targets.worker import NonFiniteLoss, banked_steps
 
@@ -148,7 +148,7 @@ class _Window:
         self.steps = sorted((e.time_range.start, e.time_range.end) for e in steps)
         self.start = self.steps[0][0]
         host_end = max(end for _, end in self.steps)
-        inside = [e for e in host if self.start <= e.time_range.start <= host_end]
+        self.inside = inside = [e for e in host if self.start <= e.time_range.start <= host_end]
         self.annotations = {e.name for e in host if _is_annotation(e)} | {STEP_RANGE, *phase_names}
         self.phases = [e for e in inside if e.name in phase_names and e.name != STEP_RANGE]
         self.ops = [e for e in inside if is_op(e) and e.name not in self.annotations]
@@ -211,6 +211,25 @@ class _Window:
             calls[key] += 1
         ranked = sorted(wait_us, key=lambda k: (-wait_us[k], k))[:limit]
         return [HostWait(phase=k[0], op=k[1], call=k[2], wait_s=wait_us[k] / 1e6 / steps, calls=calls[k] / steps)
+                for k in ranked]
+
+    def host_work(self, index: PhaseIndex, steps: int, limit: int) -> list[HostWork]:
+        """The largest host self times by (phase, op), over operators and the CUDA runtime calls that do not
+        wait (launches, allocations): a phase's host time less its waits, taken apart. Where ``ops`` says
+        how many calls a host-bound phase makes, this says which of them cost (a host gather of cache rows,
+        a per-element scatter, 300 launches)."""
+        waits = set(map(id, self.waits))
+        work = [e for e in self.inside if id(e) not in waits and e.name not in self.annotations
+                and (is_op(e) or e.name.startswith("cu"))]
+        self_us: dict[tuple[str, str], float] = defaultdict(float)
+        calls: dict[tuple[str, str], int] = defaultdict(int)
+        for e in work:
+            phase = index.locate(e.time_range.start)
+            if phase is not None:
+                self_us[phase, e.name] += e.self_cpu_time_total
+                calls[phase, e.name] += 1
+        ranked = sorted(self_us, key=lambda k: (-self_us[k], k))[:limit]
+        return [HostWork(phase=k[0], op=k[1], self_s=self_us[k] / 1e6 / steps, calls=calls[k] / steps)
                 for k in ranked]
 
     def ops_by_phase(self, index: PhaseIndex) -> dict[str, float]:
@@ -382,6 +401,7 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
                                  if on_cuda and all_device_us > 0 else None),
         top_ops=window.top_ops(on_cuda, steps, step_s, top),
         host_waits=window.host_waits(index, steps, top) if on_cuda else [],
+        host_work=window.host_work(index, steps, top),
         device_busy_s=busy_us / 1e6 / steps if on_cuda else None,
         device_idle_fraction=(max(0.0, 1.0 - busy_us / (window.end - window.start))
                               if on_cuda and window.end > window.start else None),

@@ -200,8 +200,11 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
                if data_idle > 0 else "")
     by_phase = sorted(((p.launches, name) for name, p in coarse.phases.items() if p.launches), reverse=True)[:3]
     most = ("; most launches from " + ", ".join(f"{name} ({n:.0f})" for n, name in by_phase)) if by_phase else ""
+    heaviest = [w for w in coarse.host_work if w.phase != "data"][:3]
+    work = ("; the host's largest work: " + ", ".join(f"{w.op} in {w.phase} ({_ms(w.self_s)})" for w in heaviest)
+            if heaviest else "")
     evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
-                f"{launches:.0f} kernel launches per step{waiting}{most}.")
+                f"{launches:.0f} kernel launches per step{waiting}{most}{work}.")
     return [_finding("launch/host-bound", None, None, evidence, idle, room)]
 
 

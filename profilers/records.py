@@ -50,6 +50,17 @@ class HostWait(BaseModel):
     calls: float = Field(description="such calls per step")
 
 
+class HostWork(BaseModel):
+    """Host time an operator (or a CUDA runtime call, e.g. a kernel launch) spends working, not waiting on the
+    device, in one phase: what a host-bound phase's host time is made of."""
+
+    phase: str
+    op: str
+    self_s: float = Field(description="host self time per step (the op's own, its child ops' and blocking "
+                                      "runtime calls' taken out)")
+    calls: float = Field(description="such calls per step")
+
+
 class OpTime(BaseModel):
     """One operator, ranked by self time (device time on CUDA, CPU time on a CPU run)."""
 
@@ -79,6 +90,8 @@ class CoarseProfile(BaseModel):
     top_ops: list[OpTime]
     host_waits: list[HostWait] = Field(default_factory=list, description="the largest host waits on the device "
                                                                          "(CUDA), each with the op that made it")
+    host_work: list[HostWork] = Field(default_factory=list, description="the largest host self times, by phase and "
+                                                                        "op: what the host works on")
     device_busy_s: float | None = Field(None, description="union of device activity per step; None on CPU")
     device_idle_fraction: float | None = Field(
         None, description="share of the profiled window with no kernel, copy or memset running; None on CPU")

@@ -75,6 +75,13 @@ def render(result: ProfileResult, console: Console) -> None:
     for op in coarse.top_ops[:10]:
         ops.add_row(op.name, _ms(op.self_s), f"{op.calls:.0f}", f"{100 * op.share:.1f}%")
     console.print(ops)
+    if coarse.host_work:
+        work = Table(title="host work by phase and op (self time, waits on the device apart)")
+        for col in ("phase", "op", "ms / step", "calls / step"):
+            work.add_column(col, justify="right" if col in ("ms / step", "calls / step") else "left", overflow="fold")
+        for w in coarse.host_work[:10]:
+            work.add_row(w.phase, w.op, _ms(w.self_s), f"{w.calls:.1f}")
+        console.print(work)
     if coarse.host_waits:
         waits = Table(title="host waits on the device, by the op that made them")
         for col in ("phase", "op", "runtime call", "ms / step", "calls / step"):

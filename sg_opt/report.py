@@ -192,6 +192,9 @@ def host_line(s: Summary) -> str | None:
             + (" / kernel launches" if last.launches else ""))
     line = (f"Host side ({last.label}, per step: {what}): " + ", ".join(parts)
             + f"; {sum(last.host_work_ms.values()):.2f} ms of host work in a {last.step_ms:.2f} ms step.")
+    if last.host_work:
+        line += " Its largest host work: " + ", ".join(
+            f"{w.phase} {w.op} {1e3 * w.self_s:.2f} ms ({w.calls:.0f} calls)" for w in last.host_work[:4]) + "."
     if last.host_waits:
         line += " The host waited on the device in " + ", ".join(
             f"{w.phase} {1e3 * w.wait_s:.2f} ms ({w.op}, {w.call})" for w in last.host_waits[:3]) + "."
@@ -242,9 +245,11 @@ def host_bound_note(s: Summary) -> str | None:
     if host < HOST_BOUND_SHARE * last.step_ms:
         return None
     most = max(last.host_work_ms, key=last.host_work_ms.get)
+    ops = [w for w in last.host_work if w.phase == most][:2]
+    named = "; its largest: " + ", ".join(f"{w.op} {1e3 * w.self_s:.2f} ms" for w in ops) if ops else ""
     return (f"{last.label}: the step is host-bound, {host:.2f} ms of host work not waiting on the device in a "
             f"{last.step_ms:.2f} ms profiled step, so it is the host work that holds it back, not a device phase "
-            f"(most in {most}: {last.host_work_ms[most]:.2f} ms)")
+            f"(most in {most}: {last.host_work_ms[most]:.2f} ms{named})")
 
 
 def final_over_floor(s: Summary) -> str | None:

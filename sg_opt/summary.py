@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from profilers.floor import floor_sentence
-from profilers.records import Ceilings, HostWait, ProfileResult
+from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
 from validators.speedup import ABResult, NoiseFloor
@@ -106,6 +106,8 @@ class PhaseBreakdown(BaseModel):
     launches: dict[str, float] = Field(default_factory=dict, description="phase -> kernel launches per step (CUDA)")
     host_waits: list[HostWait] = Field(default_factory=list, description="the largest host waits on the device, "
                                                                          "each with the op that made it (CUDA)")
+    host_work: list[HostWork] = Field(default_factory=list, description="the largest host self times by phase "
+                                                                        "and op: what the host works on")
     floor_ms: dict[str, float] = Field(default_factory=dict, description="phase -> its roofline floor (least work "
                                                                          "at the measured ceilings)")
     floor_bound: dict[str, str] = Field(default_factory=dict, description="phase -> compute, memory, bus or none")
@@ -312,7 +314,7 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
         host = {"host_work_ms": {name: 1e3 * (p.host_s - p.host_wait_s) for name, p in coarse.phases.items()},
                 "host_ops": {name: p.ops for name, p in coarse.phases.items()},
                 "launches": {name: p.launches for name, p in coarse.phases.items() if p.launches is not None},
-                "host_waits": coarse.host_waits}
+                "host_waits": coarse.host_waits, "host_work": coarse.host_work}
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
                                    unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases, **host,
                                    other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0),

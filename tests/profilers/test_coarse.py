@@ -68,6 +68,19 @@ def test_top_ops_are_ops_ranked_by_self_time(cpu_profile):
     assert sum(op.share for op in profile.top_ops) < 1.0
 
 
+def test_host_work_takes_each_phase_apart_by_op(cpu_profile):
+    """Every named phase's host time is made of its ops' self times: the ranked list names phases and ops,
+    never ranges, and no phase's listed work exceeds its host time."""
+    profile, _ = cpu_profile
+    work = profile.host_work
+    assert work and {w.phase for w in work} <= set(PHASES)
+    assert not {w.op for w in work} & {*PHASES, STEP_RANGE}
+    times = [w.self_s for w in work]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    for phase, p in profile.phases.items():
+        assert sum(w.self_s for w in work if w.phase == phase) <= p.host_s * 1.001
+
+
 def test_chrome_trace_is_valid_json_with_phases(cpu_profile):
     profile, trace = cpu_profile
     assert profile.trace_path == str(trace)
@@ -106,9 +119,9 @@ Kernel = namedtuple("Kernel", "name device duration")
 
 
 def _event(name, start, end, device=DeviceType.CPU, kernels=(), annotation=False, activity=None, **extra):
+    fields = {"self_cpu_time_total": end - start, "self_device_time_total": sum(k.duration for k in kernels), **extra}
     return SimpleNamespace(name=name, time_range=Interval(start, end), device_type=device, kernels=list(kernels),
-                           is_user_annotation=annotation, activity_type=activity, self_cpu_time_total=end - start,
-                           self_device_time_total=sum(k.duration for k in kernels), **extra)
+                           is_user_annotation=annotation, activity_type=activity, **fields)
 
 
 def test_window_attributes_kernels_by_launch_time_across_threads():
@@ -171,6 +184,30 @@ def test_host_time_blocked_on_the_device_is_split_out_of_its_phase():
     waits = window.host_wait_us(window.index())
     assert dict(waits) == {"data": 50, "backward": 5}
     assert window.host_us()["data"] - waits["data"] == 10  # the phase's own host work
+
+
+def test_host_work_is_self_time_by_phase_and_op_without_the_waits():
+    """A host-bound embed phase: a slow scatter and its launches are listed where they run; the op's wait on the
+    device (a blocking copy under it) is a host wait, not work, and neither is a range."""
+    events = [
+        _event(STEP_RANGE, 0, 100, annotation=True),
+        _event("embed", 0, 70, annotation=True),
+        _event("aten::index_copy_", 2, 32, activity="cpu_op", self_cpu_time_total=24),  # 6 us in its launch
+        _event("cudaLaunchKernel", 26, 32, activity="cuda_runtime"),
+        _event("aten::copy_", 40, 60, activity="cpu_op", self_cpu_time_total=4),  # 16 us of it blocked
+        _event("cudaMemcpyAsync", 42, 58, activity="cuda_runtime"),
+        _event("tail", 70, 100, annotation=True),
+        _event("aten::index_copy_", 71, 73, activity="cpu_op", self_cpu_time_total=2),
+        _event("cudaLaunchKernel", 74, 76, activity="cuda_runtime"),
+    ]
+    window = _Window(events, ("embed", "tail"))
+    work = window.host_work(window.index(), steps=2, limit=10)
+    assert [(w.phase, w.op) for w in work] == [
+        ("embed", "aten::index_copy_"), ("embed", "cudaLaunchKernel"), ("embed", "aten::copy_"),
+        ("tail", "aten::index_copy_"), ("tail", "cudaLaunchKernel")]
+    assert [w.self_s for w in work] == pytest.approx([12e-6, 3e-6, 2e-6, 1e-6, 1e-6])
+    assert work[0].calls == 0.5
+    assert len(window.host_work(window.index(), steps=2, limit=2)) == 2
 
 
 def test_each_host_wait_is_named_by_the_op_that_made_it():

@@ -153,6 +153,18 @@ def test_the_wait_for_data_is_not_counted_as_launch_gaps():
     assert "launch/host-bound" not in {f.category for f in findings(profile, None, {}, TUNED)}
 
 
+def test_the_launch_finding_names_the_hosts_largest_work_outside_data():
+    """large-cached after #7 (session 20): 12.8 ms of the host's 21.5 ms in embed; the finding says on what."""
+    from profilers.records import HostWork
+    profile = coarse({"embed": 0.5, "tail": 0.3}, idle=0.53, launches=342)
+    profile.host_work = [HostWork(phase="data", op="aten::copy_", self_s=2e-3, calls=55),
+                         HostWork(phase="embed", op="aten::index_copy_", self_s=4e-3, calls=3),
+                         HostWork(phase="embed", op="cudaLaunchKernel", self_s=1.5e-3, calls=281)]
+    launch = next(f for f in findings(profile, None, {}, TUNED) if f.category == "launch/host-bound")
+    assert launch.evidence.endswith("; the host's largest work: aten::index_copy_ in embed (4.00 ms), "
+                                    "cudaLaunchKernel in embed (1.50 ms).")
+
+
 @pytest.mark.parametrize("knobs,headroom", [
     ({"tail_backend": "triton-fused-loss"}, 2.5),
     ({"tail_backend": "triton"}, 2.5),

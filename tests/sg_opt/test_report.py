@@ -195,6 +195,23 @@ def test_a_ranked_profile_says_whose_phases_these_are_and_each_ranks_collective_
     assert ranks_sentence(ProfileResult(ok=True, target="haste-rec", size="tiny")) is None
 
 
+def test_the_host_lines_name_the_ops_the_host_worked_in():
+    """A host-bound cached step (large-cached after #7, session 20: 12.80 ms of host work in embed): the host
+    line lists its largest host work by phase and op, and the host-bound note names the bound phase's."""
+    from profilers.records import HostWork
+    from sg_opt.report import host_line
+    s = Summary.model_validate_json((FIXTURES / "h200_large_s13_summary.json").read_text())
+    last = s.phases[-1]
+    work = [HostWork(phase="backward", op="aten::index_copy_", self_s=1.2e-3, calls=2),
+            HostWork(phase="optimizer", op="cudaLaunchKernel", self_s=0.4e-3, calls=19),
+            HostWork(phase="backward", op="aten::nonzero", self_s=0.3e-3, calls=7)]
+    s = s.model_copy(update={"phases": [*s.phases[:-1], last.model_copy(update={"host_work": work})]})
+    assert ("Its largest host work: backward aten::index_copy_ 1.20 ms (2 calls), optimizer cudaLaunchKernel 0.40 ms "
+            "(19 calls), backward aten::nonzero 0.30 ms (7 calls).") in host_line(s)
+    assert "(most in backward: 2.59 ms; its largest: aten::index_copy_ 1.20 ms, aten::nonzero 0.30 ms)" in \
+        report_markdown(s)
+
+
 def test_the_host_line_names_the_ops_the_host_waited_on():
     """At `large` the backward phase waited 1.5 ms a step on the device (session 10); the report says who made it."""
     from types import SimpleNamespace
