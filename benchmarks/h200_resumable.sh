@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A long `sg-opt optimize` split over several GPU calls of at most ~10 minutes each.
 #
-# Each call runs the agent for at most SLICE seconds, then stops it (SIGTERM: the checkpoint of every
-# finished node is already on disk; a worker in flight is killed, its stacks in optimize.log) and packs the run directory into $OUT/run.tgz. The next call
+# Each call runs the agent with --pause-after (SLICE less PAUSE_MARGIN seconds, default 25): it starts no step
+# that it expects not to finish by then, and pauses at a checkpoint (exit 3). SLICE is the hard stop behind it
+# (SIGTERM: the checkpoint of every finished node is already on disk; a worker in flight is killed, its stacks in
+# optimize.log). Then it packs the run directory into $OUT/run.tgz. The next call
 # finds the run under runs/ (kept on a warm machine) or unpacks the tarball carried back (CARRY=path),
 # and continues it with --resume: --max-minutes counts across resumes, so MINUTES is the whole run.
 # When the run has finished, the fresh `sg-opt bench --vs` re-measurement of the winner follows.
@@ -44,10 +46,13 @@ else
          --max-iters "$ITERS" --out "$RUNS")
     [ "$GPUS" != 1 ] && cmd+=(--gpus "$GPUS")
 fi
+pause_s=$(( SLICE - ${PAUSE_MARGIN:-25} )); [ "$pause_s" -lt 0 ] && pause_s=0
+cmd+=(--pause-after "$(python3 -c "print($pause_s / 60)")")
 timeout "$SLICE" "${cmd[@]}" >> "$OUT/optimize.log" 2>&1
 rc=$?
 case $rc in
     0) echo "optimize rc 0 (finished)" ;;
+    3) echo "optimize rc 3 (paused before a step that would not fit in the slice; resume next call)" ;;
     124) echo "optimize rc 124 (stopped at the slice; resume next call)" ;;
     *) echo "optimize rc $rc (stopped by an error; resumable once its cause is fixed):"; tail -3 "$OUT/optimize.log" ;;
 esac

@@ -17,6 +17,8 @@ from sg_opt.cli_common import (CONFIG_OPT, DATA_OPT, DEVICE_OPT, JSON_OPT, RANKS
 from targets.protocol import ConfigError, Target
 from targets.registry import known_targets, resolve_target
 
+PAUSED_EXIT = 3  # sg-opt optimize --pause-after: paused at a checkpoint, to be continued with --resume
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sg-opt: make sparse-model training faster without changing what it computes.")
 
@@ -212,6 +214,9 @@ def optimize(
     out: str = typer.Option("runs", "--out", help="directory that holds run directories"),
     resume: Optional[str] = typer.Option(None, "--resume", help="continue this run id (or run directory) from "
                                                                 "its last checkpoint"),
+    pause_after: Optional[float] = typer.Option(None, "--pause-after", min=0.0, help="minutes this invocation may "
+                                                "run: a step that would not fit in what is left does not start, and "
+                                                "the run pauses (exit 3) to be continued with --resume"),
     allow_model_changes: bool = typer.Option(False, "--allow-model-changes", help="also try knobs that change "
                                                                                   "the model, judged by quality"),
     threads: Optional[int] = THREADS_OPT, ranks: int = RANKS_OPT,
@@ -240,11 +245,13 @@ def optimize(
     from sg_opt import optimize as agent
     from sg_opt.run_store import RunRequest, new_run_id
     from state_machine.nodes import IncumbentFailed
+    from state_machine.time_budget import Paused
 
     quiet = as_json
+    pause_s = None if pause_after is None else 60.0 * pause_after
     try:
         if resume is not None:
-            final, summary = agent.resume(resume, out, console, quiet)
+            final, summary = agent.resume(resume, out, console, quiet, pause_s)
         else:
             odd = [name for name, n in (("--blocks", blocks), ("--final-blocks", final_blocks),
                                         ("--aa-blocks", aa_blocks)) if n % 2]
@@ -264,9 +271,13 @@ def optimize(
                                  model=model, llm_timeout_s=llm_timeout, budget_usd=budget_usd, max_iters=max_iters,
                                  max_minutes=max_minutes,
                                  allow_model_changes=allow_model_changes, plan=plan)
-            final, summary = agent.start(request, out, console, quiet)
+            final, summary = agent.start(request, out, console, quiet, pause_s)
     except ConfigError as exc:
         fail(str(exc))
+    except Paused as exc:
+        err_console.print(f"{exc}; continue with: sg-opt optimize --resume {exc.run_dir}", highlight=False,
+                          soft_wrap=True, markup=False)
+        raise typer.Exit(PAUSED_EXIT)
     except IncumbentFailed as exc:
         fail(str(exc), code=1)
     if as_json:

@@ -139,6 +139,8 @@ class LiveView:
         elif kind == "validated":
             took = f" after {record['wall_s']:.0f} s (build {record['build_s']:.0f} s)" if "wall_s" in record else ""
             line = f"#{record['id']} numerics hold ({record['numerics_class']}){took}; timing it"
+        elif kind == "paused":
+            line = f"paused before {record['node']}: {record['reason']}"
         elif kind == "numerics-retry":
             line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
                     f"{record['reason']}); once more without them")
@@ -203,27 +205,32 @@ def result_sentence(summary: Summary) -> str:
     return f"no faster configuration was proven; stopped by {summary.stop_reason}"
 
 
-def start(request: RunRequest, out: str, console: Console, quiet: bool = False) -> tuple[RunState, Summary]:
+def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
+          pause_after_s: float | None = None) -> tuple[RunState, Summary]:
     run_dir = create_run(out, request)
     try:
         ctx, state = build_context(request, run_dir)
     except ConfigError:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise
-    return _drive(ctx, state, request, run_dir, console, quiet)
+    return _drive(ctx, state, request, run_dir, console, quiet, pause_after_s)
 
 
-def resume(run_id: str, out: str, console: Console, quiet: bool = False) -> tuple[RunState, Summary]:
+def resume(run_id: str, out: str, console: Console, quiet: bool = False,
+           pause_after_s: float | None = None) -> tuple[RunState, Summary]:
     run_dir, request = find_run(out, run_id)
     ctx, initial = build_context(request, run_dir)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
         graph.relocate(ctx, run_dir, request.run_id)  # moved, or resumed from another working directory
-    return _drive(ctx, None if started else initial, request, run_dir, console, quiet)
+    return _drive(ctx, None if started else initial, request, run_dir, console, quiet, pause_after_s)
 
 
 def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,
-           quiet: bool) -> tuple[RunState, Summary]:
+           quiet: bool, pause_after_s: float | None = None) -> tuple[RunState, Summary]:
+    """Run the graph to its report, or until ``pause_after_s`` leaves no room for its next node (graph.Paused)."""
+    if pause_after_s is not None:
+        ctx.pause_at = time.monotonic() + pause_after_s
     if quiet:
         final = graph.run(ctx, state, run_dir, request.run_id)
     else:

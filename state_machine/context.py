@@ -38,6 +38,7 @@ class RunContext:
     ledger: Ledger | None = None
     write_report: Callable[[Any], list[str]] | None = None  # RunState -> files written
     on_event: Callable[[dict[str, Any]], None] | None = None  # live view
+    pause_at: float | None = None  # time.monotonic() by which this invocation pauses (--pause-after)
 
     def event(self, run_dir: str, what: str, **fields: Any) -> None:
         """Append one line to the run's events.jsonl (and show it live): the run's own log."""

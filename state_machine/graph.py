@@ -11,7 +11,8 @@
 Any node can stop the run by setting ``stop_reason``; the edges then lead to ``report``. Every
 node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes) and to that
 node's entry of ``node_s`` (where a run's minutes went), and the ledger's spend is copied into the state
-after each node.
+after each node. Under ``--pause-after`` a node that would not fit in what is left of it does not start:
+the run pauses at its last checkpoint (``time_budget.Paused``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from state_machine import batch, nodes
 from state_machine import state as state_module
 from state_machine.context import RunContext
 from state_machine.state import RunState
+from state_machine.time_budget import Paused, pause_reason
 
 CHECKPOINT_FILE = "checkpoints.sqlite"
 # The state's own record types, which the checkpoint serializer may rebuild on resume: every model defined in
@@ -40,16 +42,22 @@ STATE_TYPES = [("state_machine.state", name) for name, obj in vars(state_module)
 
 
 def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunContext) -> Callable:
+    name = node.__name__
+
     def run(state: RunState) -> dict[str, Any]:
         start = time.monotonic()
+        if ctx.pause_at is not None and (why := pause_reason(state, name, ctx.pause_at - start)) is not None:
+            ctx.event(state.run_dir, "paused", node=name, reason=why)
+            raise Paused(name, why, state.run_dir)
         updates = node(state, ctx)
         spent = time.monotonic() - start
         updates["elapsed_s"] = state.elapsed_s + spent
-        updates["node_s"] = {**state.node_s, node.__name__: state.node_s.get(node.__name__, 0.0) + spent}
+        updates["node_s"] = {**state.node_s, name: state.node_s.get(name, 0.0) + spent}
+        updates["node_max_s"] = {**state.node_max_s, name: max(state.node_max_s.get(name, 0.0), spent)}
         if ctx.ledger is not None:
             updates["spent_usd"] = ctx.ledger.spent_usd()
         return updates
-    run.__name__ = node.__name__
+    run.__name__ = name
     return run
 
 

@@ -120,10 +120,7 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
     tuned incumbent a host-bound 10 ms one whose block medians spread by 23-70% within one measurement
     (2026-11-30), and its candidates were still judged against the baseline's 1%. A failed A/A keeps the
     floor in force."""
-    after = state.plan.recalibrate_after
-    if state.baseline is None or state.incumbent.from_candidate is None or after <= 0:
-        return {}
-    if state.baseline.step_ms / state.incumbent.est_speedup * after > state.floor_step_ms:
+    if not state.recalibration_due:
         return {}
     plan, cid = state.plan, state.incumbent.from_candidate
     try:

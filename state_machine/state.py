@@ -218,6 +218,8 @@ class RunState(BaseModel):
     elapsed_s: float = Field(0.0, description="wall seconds spent in nodes, summed over resumes")
     node_s: dict[str, float] = Field(default_factory=dict, description="elapsed_s by node (baseline, validate, "
                                                                        "measure, ...)")
+    node_max_s: dict[str, float] = Field(default_factory=dict, description="the longest single call of each node "
+                                                                           "(what --pause-after expects it to take)")
     spent_usd: float = 0.0
     stop_reason: str | None = None
     final: FinalMeasurement | None = None
@@ -232,6 +234,15 @@ class RunState(BaseModel):
     def floor_step_ms(self) -> float:
         """The step time the floor in force was calibrated on."""
         return self.recalibrations[-1].step_ms if self.recalibrations else self.baseline.step_ms
+
+    @property
+    def recalibration_due(self) -> bool:
+        """Whether the next diagnose calibrates the noise floor again: the incumbent is estimated
+        ``plan.recalibrate_after`` times faster than the step the floor in force was calibrated on."""
+        after = self.plan.recalibrate_after
+        if self.baseline is None or self.incumbent.from_candidate is None or after <= 0:
+            return False
+        return self.baseline.step_ms / self.incumbent.est_speedup * after <= self.floor_step_ms
 
     @property
     def accepted(self) -> list[Evaluated]:

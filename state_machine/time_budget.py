@@ -6,6 +6,12 @@ reached overruns it by a candidate and that measurement: `xl` on an H200 (2026-1
 its 20 minutes with its 14th candidate still being timed and the final measurement still to come. So a
 new candidate starts only while what it is expected to take (the run's own mean so far) and the final
 measurement (sized on the baseline's A/A runs) both fit in what is left.
+
+``--pause-after`` bounds one invocation instead, for a run split over jobs of limited length (a batch
+system's, or a machine lent 10 minutes at a time): a node starts only while what it is expected to take fits
+in what is left of it; else the run pauses at its last checkpoint, to be resumed. A job's hard limit then stops
+no node midway: at `large-cached` on an H200 (session 20) the 10-minute limit of two calls killed a noise-floor
+calibration 211 s and 112 s into it, and each resume began it again.
 """
 
 from __future__ import annotations
@@ -67,3 +73,44 @@ def out_of_time(state: RunState) -> str | None:
         return (f"max-minutes: {used}; a candidate takes {need:.0f} s here and the final measurement about "
                 f"{final:.0f} s, which would not fit")
     return None
+
+
+class Paused(Exception):
+    """The run stopped before a node that would not fit in what --pause-after leaves; its checkpoint is the last
+    node's, so ``--resume`` starts that node."""
+
+    def __init__(self, node: str, reason: str, run_dir: str = ""):
+        super().__init__(f"paused before {node}: {reason}")
+        self.node, self.reason, self.run_dir = node, reason, run_dir
+
+
+def _calibration_s(state: RunState) -> float:
+    """Wall seconds of the A/A runs that set the noise floor in force (the last recalibration's, else the
+    baseline's): what calibrating it again is expected to take."""
+    path = state.recalibrations[-1].calibration_file if state.recalibrations else (
+        state.baseline.calibration_file if state.baseline is not None else "")
+    try:
+        return float(sum(run["wall_s"] for run in json.loads(Path(path).read_text(encoding="utf-8"))["runs"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def expected_node_s(state: RunState, node: str) -> float:
+    """What `node` is expected to take next: its longest call in this run so far (0 before its first), plus a
+    noise-floor calibration for a diagnose that will calibrate again, and the final measurement for the report."""
+    expected = state.node_max_s.get(node, 0.0)
+    if node == "diagnose" and state.recalibration_due:
+        expected += _calibration_s(state)
+    if node == "report" and state.final is None:
+        expected += final_measurement_s(state)
+    return expected
+
+
+def pause_reason(state: RunState, node: str, left_s: float) -> str | None:
+    """Why `node` must not start with `left_s` seconds of --pause-after left, or None."""
+    need = expected_node_s(state, node)
+    if need <= left_s:
+        return None
+    if left_s <= 0:
+        return "the time --pause-after gave this invocation is used up"
+    return f"it is expected to take {need:.0f} s and {left_s:.0f} s of --pause-after are left"

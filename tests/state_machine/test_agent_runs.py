@@ -96,6 +96,26 @@ def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp
     assert sum(e["event"] == "baseline" for e in events(run_dir)) == 1
 
 
+def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_same_end(tmp_path):
+    """A run given a few seconds per invocation (a job limit) pauses at a checkpoint, exit 3, saying how to go
+    on; resumed, it redoes nothing: one baseline, and the run ends as an unsplit one would."""
+    args = ("--target", "haste-rec", "--size", "tiny", "--max-iters", "1", *quick_measurement(block_steps=5))
+    first = optimize(*args, "--pause-after", "0", out=tmp_path)
+    assert first.returncode == 3, first.stderr
+    run_dir = only_run(tmp_path)
+    assert "paused before setup" in first.stderr and f"sg-opt optimize --resume {run_dir}" in first.stderr
+    second = optimize("--resume", run_dir.name, "--pause-after", "0.05", out=tmp_path)
+    assert second.returncode == 3, second.stderr
+    paused = [e for e in events(run_dir) if e["event"] == "paused"]
+    assert len(paused) == 2 and paused[1]["node"] != "setup" and "--pause-after" in paused[1]["reason"], paused
+    assert not (run_dir / "summary.json").exists()
+    done = optimize("--resume", run_dir.name, "--json", out=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["evaluated"] == 1 and summary["stop_reason"].startswith("max-iters")
+    assert sum(e["event"] == "baseline" for e in events(run_dir)) == 1
+
+
 def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

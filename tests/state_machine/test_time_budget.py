@@ -63,3 +63,49 @@ def test_no_candidate_starts_that_the_final_measurement_would_push_past_the_limi
     assert reason.startswith("max-minutes: 18.0 minutes used of 20; a candidate takes")
     assert "final measurement about 65 s" in reason
     assert out_of_time(late.model_copy(update={"elapsed_s": 20 * 60})) == "max-minutes: 20.0 minutes used of 20"
+
+
+# --pause-after: a node starts only while it fits in what is left of this invocation
+
+def test_a_node_is_expected_to_take_its_longest_call_plus_what_it_will_do_this_time(state):
+    """large-cached on an H200 (session 20): after #2 the incumbent was estimated 3.4x faster than the step the
+    floor was set on, so the next diagnose calibrates again: the A/A runs in force (here xl's, 110.1 + 108.9 s)
+    come on top of its longest profile. The report carries the final measurement (65.5 s here)."""
+    from state_machine.state import Incumbent
+    from state_machine.time_budget import expected_node_s
+    runs = json.loads(XL_CALIBRATION.read_text())["runs"]
+    xl = with_history(state, accepted=1, rejected=0, node_max_s={"diagnose": 15.0, "validate": 52.0})
+    assert expected_node_s(xl, "validate") == 52.0 and expected_node_s(xl, "baseline") == 0.0
+    assert expected_node_s(xl, "diagnose") == 15.0  # the incumbent is not yet twice as fast
+    faster = xl.model_copy(update={"incumbent": Incumbent(from_candidate=1, est_speedup=3.4)})
+    assert faster.recalibration_due
+    assert expected_node_s(faster, "diagnose") == pytest.approx(15.0 + sum(r["wall_s"] for r in runs))
+    assert expected_node_s(xl, "report") == pytest.approx(final_measurement_s(xl))
+
+
+def test_a_node_that_would_not_fit_pauses_the_run_before_it_starts(state, ctx):
+    """The node wrapper checks before the node runs: nothing of it is done, the state is as the last checkpoint
+    left it, and the pause says why. A node that ran records its longest call."""
+    import time
+
+    from state_machine.graph import _timed
+    from state_machine.time_budget import Paused, pause_reason
+    calls = []
+
+    def validate(s, c):
+        calls.append(1)
+        return {}
+    timed = _timed(validate, ctx)
+    ctx.pause_at = time.monotonic() + 60
+    updates = timed(state)
+    assert calls == [1] and set(updates["node_max_s"]) == {"validate"}
+    ran = state.model_copy(update={"node_max_s": {"validate": 90.0}})
+    with pytest.raises(Paused) as paused:
+        timed(ran)
+    assert calls == [1] and paused.value.node == "validate" and paused.value.run_dir == state.run_dir
+    assert "expected to take 90 s" in str(paused.value)
+    assert pause_reason(ran, "validate", 90.0) is None and pause_reason(ran, "validate", 89.0) is not None
+    assert pause_reason(state, "validate", -1.0) is not None  # past the limit, even an unknown node waits
+    ctx.pause_at = None
+    timed(ran)  # no --pause-after: nothing pauses
+    assert calls == [1, 1]
