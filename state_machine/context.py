@@ -39,6 +39,7 @@ class RunContext:
     write_report: Callable[[Any], list[str]] | None = None  # RunState -> files written
     on_event: Callable[[dict[str, Any]], None] | None = None  # live view
     pause_at: float | None = None  # time.monotonic() by which this invocation pauses (--pause-after)
+    nodes_started: int = 0  # nodes this invocation has started: the first always starts, so every one progresses
 
     def event(self, run_dir: str, what: str, **fields: Any) -> None:
         """Append one line to the run's events.jsonl (and show it live): the run's own log."""

@@ -12,7 +12,8 @@ Any node can stop the run by setting ``stop_reason``; the edges then lead to ``r
 node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes) and to that
 node's entry of ``node_s`` (where a run's minutes went), and the ledger's spend is copied into the state
 after each node. Under ``--pause-after`` a node that would not fit in what is left of it does not start:
-the run pauses at its last checkpoint (``time_budget.Paused``).
+the run pauses at its last checkpoint (``time_budget.Paused``). The first node of an invocation always starts,
+so that one longer than the whole allowance cannot pause a run for ever.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunConte
 
     def run(state: RunState) -> dict[str, Any]:
         start = time.monotonic()
-        if ctx.pause_at is not None and (why := pause_reason(state, name, ctx.pause_at - start)) is not None:
+        if (ctx.pause_at is not None and ctx.nodes_started
+                and (why := pause_reason(state, name, ctx.pause_at - start)) is not None):
             ctx.event(state.run_dir, "paused", node=name, reason=why)
             raise Paused(name, why, state.run_dir)
+        ctx.nodes_started += 1
         updates = node(state, ctx)
         spent = time.monotonic() - start
         updates["elapsed_s"] = state.elapsed_s + spent
