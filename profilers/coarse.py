@@ -137,6 +137,22 @@ def is_op(evt: Any) -> bool:
     return evt.device_type == DeviceType.CPU and not _is_annotation(evt) and not evt.name.startswith("cu")
 
 
+def _ranked(index: PhaseIndex, events: Iterable[Any], name: Callable[[Any], tuple[str, ...]],
+            amount_us: Callable[[Any], float], steps: int, limit: int) -> list[tuple[tuple[str, ...], float, float]]:
+    """The `limit` largest (phase, *name(event)) keys by summed amount, each with seconds and calls per step
+    (events outside phases dropped; ties broken by key)."""
+    total_us: dict[tuple[str, ...], float] = defaultdict(float)
+    calls: dict[tuple[str, ...], int] = defaultdict(int)
+    for e in events:
+        phase = index.locate(e.time_range.start)
+        if phase is not None:
+            key = (phase, *name(e))
+            total_us[key] += amount_us(e)
+            calls[key] += 1
+    keys = sorted(total_us, key=lambda k: (-total_us[k], k))[:limit]
+    return [(k, total_us[k] / 1e6 / steps, calls[k] / steps) for k in keys]
+
+
 class _Window:
     """The events of the timed steps, split into phase ranges, host ops and device activity."""
 
@@ -197,40 +213,24 @@ class _Window:
         """The largest host waits, each named by its phase and by the nearest operator above the blocking call:
         a phase's host_wait_s says how long the host waited, this says who asked it to (an ``.item()``, a
         pageable copy, an op whose output size lives on the device)."""
-        wait_us: dict[tuple[str, str, str], float] = defaultdict(float)
-        calls: dict[tuple[str, str, str], int] = defaultdict(int)
-        for e in self.waits:
-            phase = index.locate(e.time_range.start)
-            if phase is None:
-                continue
+        def named(e: Any) -> tuple[str, str]:
             op = getattr(e, "cpu_parent", None)
             while op is not None and not (is_op(op) and op.name not in self.annotations):
                 op = getattr(op, "cpu_parent", None)
-            key = (phase, e.name if op is None else op.name, e.name)
-            wait_us[key] += e.time_range.elapsed_us()
-            calls[key] += 1
-        ranked = sorted(wait_us, key=lambda k: (-wait_us[k], k))[:limit]
-        return [HostWait(phase=k[0], op=k[1], call=k[2], wait_s=wait_us[k] / 1e6 / steps, calls=calls[k] / steps)
-                for k in ranked]
+            return (e.name if op is None else op.name, e.name)
+
+        ranked = _ranked(index, self.waits, named, lambda e: e.time_range.elapsed_us(), steps, limit)
+        return [HostWait(phase=phase, op=op, call=call, wait_s=s, calls=n) for (phase, op, call), s, n in ranked]
 
     def host_work(self, index: PhaseIndex, steps: int, limit: int) -> list[HostWork]:
         """The largest host self times by (phase, op), over operators and the CUDA runtime calls that do not
         wait (launches, allocations): a phase's host time less its waits, taken apart. Where ``ops`` says
         how many calls a host-bound phase makes, this says which of them cost (a host gather of cache rows,
         a per-element scatter, 300 launches)."""
-        waits = set(map(id, self.waits))
-        work = [e for e in self.inside if id(e) not in waits and e.name not in self.annotations
+        work = [e for e in self.inside if e.name not in self.annotations and e.name not in BLOCKING_RUNTIME
                 and (is_op(e) or e.name.startswith("cu"))]
-        self_us: dict[tuple[str, str], float] = defaultdict(float)
-        calls: dict[tuple[str, str], int] = defaultdict(int)
-        for e in work:
-            phase = index.locate(e.time_range.start)
-            if phase is not None:
-                self_us[phase, e.name] += e.self_cpu_time_total
-                calls[phase, e.name] += 1
-        ranked = sorted(self_us, key=lambda k: (-self_us[k], k))[:limit]
-        return [HostWork(phase=k[0], op=k[1], self_s=self_us[k] / 1e6 / steps, calls=calls[k] / steps)
-                for k in ranked]
+        ranked = _ranked(index, work, lambda e: (e.name,), lambda e: e.self_cpu_time_total, steps, limit)
+        return [HostWork(phase=phase, op=op, self_s=s, calls=n) for (phase, op), s, n in ranked]
 
     def ops_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Host operator calls made directly in each phase (an op called by another op is not counted)."""

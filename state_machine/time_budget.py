@@ -36,13 +36,18 @@ def candidate_s(state: RunState) -> float:
 
 
 @lru_cache(maxsize=8)
+def _calibration_runs(path: str) -> tuple[dict, ...]:
+    """The A/A runs of a calibration file, read once (a finished calibration file is never rewritten)."""
+    return tuple(json.loads(Path(path).read_text(encoding="utf-8")).get("runs", []))
+
+
+@lru_cache(maxsize=8)
 def _final_from_calibration(path: str, blocks: int) -> float:
     """Per A/A run: its fixed cost (workers started, built, warmed up: wall time less its timed blocks) plus
     ``blocks`` pairs of its mean block; the median over the runs. The best side's blocks are no longer than the
     baseline's, so this bounds a final measurement that is not repeated."""
-    runs = json.loads(Path(path).read_text(encoding="utf-8")).get("runs", [])
     estimates = []
-    for run in runs:
+    for run in _calibration_runs(path):
         steps = run.get("side_steps") or {"a": run["steps_per_block"], "b": run["steps_per_block"]}
         timed = sum(sum(run[side]["block_medians"]) * steps[side] for side in ("a", "b"))
         pair = timed / max(1, run["blocks"])
@@ -79,7 +84,7 @@ class Paused(Exception):
     """The run stopped before a node that would not fit in what --pause-after leaves; its checkpoint is the last
     node's, so ``--resume`` starts that node."""
 
-    def __init__(self, node: str, reason: str, run_dir: str = ""):
+    def __init__(self, node: str, reason: str, run_dir: str):
         super().__init__(f"paused before {node}: {reason}")
         self.node, self.reason, self.run_dir = node, reason, run_dir
 
@@ -90,14 +95,15 @@ def _calibration_s(state: RunState) -> float:
     path = state.recalibrations[-1].calibration_file if state.recalibrations else (
         state.baseline.calibration_file if state.baseline is not None else "")
     try:
-        return float(sum(run["wall_s"] for run in json.loads(Path(path).read_text(encoding="utf-8"))["runs"]))
+        return float(sum(run["wall_s"] for run in _calibration_runs(path)))
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
 
 
 def expected_node_s(state: RunState, node: str) -> float:
     """What `node` is expected to take next: its longest call in this run so far (0 before its first), plus a
-    noise-floor calibration for a diagnose that will calibrate again, and the final measurement for the report."""
+    noise-floor calibration for a diagnose that will calibrate again, and the final measurement for the report.
+    A diagnose whose longest call held a calibration is counted with two: the pause comes early, not late."""
     expected = state.node_max_s.get(node, 0.0)
     if node == "diagnose" and state.recalibration_due:
         expected += _calibration_s(state)
