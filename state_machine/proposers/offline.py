@@ -145,6 +145,11 @@ CATALOG: tuple[Rule, ...] = (
          "host work on every step: once the caches are full every miss evicts, and at large-cached a step's "
          "prepares took 41-51 ms of host time on the 2-core VM (benchmarks/cache_steady.py)", devices=("cuda",),
          requires={"embedding_placement": ("cached",), "embedding_cache_index": ("host",)}),
+    Rule("cache-overlap", ("embedding-bound", "launch/host-bound"), {"embedding_cache_overlap": True}, 0.6,
+         "decide the next batch's cache moves while the device runs the step, on a side stream, and write evicted "
+         "rows back from a worker thread: at large-cached an H200 step waited 3.40 ms in embed for the previous "
+         "step, then spent 8.7 ms of host work there while the device idled (2026-12-02)",
+         requires={"embedding_placement": ("cached",), "embedding_cache_overlap": (False,)}),
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),

@@ -29,6 +29,7 @@ class EmbeddingConfig:
     cache_plan: str = "uniform"
     eviction: str = "lru"
     cache_index: str = "host"              # placement cached: the caches' bookkeeping on the host or the device
+    cache_overlap: bool = False            # placement cached: decide on a side stream, write back behind (cache_overlap)
     opt_state_cache_fraction: float = 0.2  # Adagrad-state cache rows / all rows (placement cached)
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)
@@ -58,8 +59,11 @@ class EmbeddingConfig:
     @property
     def ids_on_device(self) -> bool:
         """Whether lookups want the batch's ids on the compute device: the tables are there, or the caches'
-        bookkeeping is (cache_index device); else on the host. The loader moves them there ahead."""
-        return self.placement == "device" or (self.placement == "cached" and self.cache_index == "device")
+        bookkeeping is (cache_index device) and does not overlap the step (cache_overlap: the caches copy the ids
+        on their own stream, so that the copy does not queue behind the previous step); else on the host. The
+        loader moves them there ahead."""
+        return self.placement == "device" or (self.placement == "cached" and self.cache_index == "device"
+                                              and not self.cache_overlap)
 
     @property
     def autograd_tables(self) -> bool:

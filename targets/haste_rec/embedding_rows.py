@@ -197,20 +197,22 @@ class _HostRows(_Rows):
 
 class _CachedRows(_Rows):
     """Host weights and state, each behind its own per-table device caches with their own budgets; the caches'
-    id -> slot maps on the host, or on the device (cache_index), where the batch's ids then go."""
+    id -> slot maps on the host, or on the device (cache_index), where the batch's ids then go (with
+    cache_overlap, the caches copy them there on their own stream)."""
 
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig, layout: TableLayout,
                  capacities: Sequence[int], state_capacities: Sequence[int]):
         super().__init__(device, cfg)
         self.index_device = device if cfg.ids_on_device else CPU
+        metadata = device if cfg.cache_index == "device" else CPU
         weight, state = _host_buffers(init)
         self.params = TableCaches(weight, layout.table_rows, capacities, cfg.eviction, device, cfg.pin_memory,
-                                  "row cache", self.index_device)
+                                  "row cache", metadata, cfg.cache_overlap)
         # Equal capacities make equal decisions: the state then rides in the weights' slots, one set of
         # bookkeeping a step instead of two (SharedSlotRows).
         self.states = (SharedSlotRows(self.params, state) if list(capacities) == list(state_capacities) else
                        TableCaches(state, layout.table_rows, state_capacities, cfg.eviction, device, cfg.pin_memory,
-                                   "state cache", self.index_device))
+                                   "state cache", metadata, cfg.cache_overlap))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
         if self.fused_kernel is not None and not isinstance(self.states, SharedSlotRows):  # the Triton update's map:
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
@@ -236,8 +238,14 @@ class _CachedRows(_Rows):
         return int(decided["replayed"])
 
     def lookup(self, ids, offsets, weights, record):
-        lookup = make_lookup(ids, offsets, weights, self.device)
+        stream = self.params.stream
+        with stream.deciding():  # overlap: the ids cross and are sorted on the caches' stream
+            if stream.enabled:
+                ids, offsets, weights = (None if t is None else to_device(t, self.device, pinned=True)
+                                         for t in (ids, offsets, weights))
+            lookup = make_lookup(ids, offsets, weights, self.device)
         lookup.slots = self.params.prepare(lookup.rows, record)
+        stream.hand_over(lookup.rows, lookup.inverse, lookup.counts, lookup.offsets, lookup.bag_of, lookup.weights)
         lookup.slots_epoch = self.params.epoch
         return self.pool(lookup.slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
 

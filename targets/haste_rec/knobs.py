@@ -103,6 +103,12 @@ KNOBS = (
              "lookup needs no device round trip, but every step's bookkeeping is host work; on the device it runs "
              "as kernels and only the moved rows' ids come back. The same decisions either way",
          active_when=(("embedding_placement", ("cached",)),)),
+    Knob("embedding_cache_overlap", "bool", False, category="embedding", numerics="exact",
+         why="placement cached: decide the next batch's cache moves while the device still runs the current step "
+             "(the decisions on a side stream of their own when the index is on the device) and write evicted rows "
+             "back from a worker thread, so that the host neither waits for the step nor for the write-backs; the "
+             "same rows move between the same slots",
+         active_when=(("embedding_placement", ("cached",)),)),
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),

@@ -20,11 +20,14 @@ the store is pinned).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from targets.protocol import ConfigError
+
+if TYPE_CHECKING:
+    from targets.haste_rec.cache_overlap import WriteBehind
 
 EVICTIONS = ("lru", "lfu")
 NEVER = torch.iinfo(torch.int64).max  # eviction key of a slot the current batch uses
@@ -93,14 +96,30 @@ class RowMoves:
 
 
 def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
-              pinned: bool) -> None:
+              pinned: bool, behind: "WriteBehind | None" = None) -> None:
     """Carry out `moves`: every write-back first (one read-back from the device, the only wait), then every
     load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
-    written-back and loaded host rows are disjoint (a row is either cached or missing)."""
+    written-back and loaded host rows are disjoint (a row is either cached or missing).
+
+    With `behind` (``cache_overlap.WriteBehind``) nothing waits for the device: the victims' values go to a
+    page-locked buffer without blocking and the worker writes them into `host_rows` once they have arrived;
+    the gather first waits for this table's earlier write-backs, whose rows it may load again."""
     moves = moves.rows_on_host()
+    if behind is not None:
+        behind.wait(host_rows)
+        pinned = should_pin(True, device)  # copies that must not wait go through page-locked buffers
     if moves.back_slots.numel():
-        values = to_host(device_rows.index_select(0, to_device(moves.back_slots, device, pinned)), pinned)
-        host_rows.index_copy_(0, moves.back_rows, values)
+        values = device_rows.index_select(0, to_device(moves.back_slots, device, pinned))
+        if behind is None:
+            host_rows.index_copy_(0, moves.back_rows, to_host(values, pinned))
+        else:
+            staged = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinned)
+            staged.copy_(values, non_blocking=True)
+            copied = None
+            if values.is_cuda:
+                copied = torch.cuda.Event()
+                copied.record()
+            behind.submit(host_rows, moves.back_rows, staged, copied)
     if moves.load_rows.numel():
         loaded = gather_to_device(host_rows, moves.load_rows, device, pinned)
         device_rows.index_copy_(0, to_device(moves.load_slots, device, pinned), loaded)

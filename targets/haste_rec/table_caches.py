@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from targets.haste_rec.cache_overlap import CacheStream, WriteBehind
 from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, should_pin, to_device
 from targets.protocol import ConfigError
@@ -55,7 +56,7 @@ class TableCaches:
 
     def __init__(self, host_rows: torch.Tensor, table_rows: Sequence[int], capacities: Sequence[int], eviction: str,
                  device: torch.device, pin_memory: bool = False, name: str = "cache",
-                 index_device: torch.device = CPU):
+                 index_device: torch.device = CPU, overlap: bool = False):
         if eviction not in EVICTIONS:
             raise ConfigError(f"eviction must be one of {', '.join(EVICTIONS)}, not {eviction!r}")
         for t, (rows, cap) in enumerate(zip(table_rows, capacities)):
@@ -90,6 +91,9 @@ class TableCaches:
         # Bumped whenever a slot's row changes (a prepare that evicts, a replay, an adoption): slots read in one
         # epoch hold their rows for all of it (a load into an empty slot changes no other slot).
         self.epoch = 0
+        # overlap (``cache_overlap``): decisions on a side stream of their own, write-backs behind the host's back
+        self.stream = CacheStream(device, overlap and index.type == "cuda")
+        self.behind = WriteBehind() if overlap else None
 
     def bounds(self, sorted_rows: torch.Tensor) -> list[tuple[int, int]]:
         """[lo, hi) of each table's rows within sorted shared-space rows."""
@@ -103,17 +107,27 @@ class TableCaches:
         `record` counts hits and misses and refreshes recency/frequency (the lookup path); the update path
         passes False so that touching the same rows again is not counted twice.
         """
-        slots, moves = self._assign(unique_rows, record)
+        with self.stream.deciding():
+            slots, moves = self._assign(unique_rows, record)
+            if moves is not None:
+                moves = moves.rows_on_host()  # one read-back of the moved rows' ids, for every array moved
+        self.stream.hand_over(slots, *([] if moves is None else [moves.back_slots, moves.load_slots]))
         if moves is not None:
             self.epoch += bool(moves.back_slots.numel())
-            moves = moves.rows_on_host()  # one read-back of the moved rows' ids, for every array moved
             self.move(moves)
             for rider in self.riders:
                 rider.move(moves)
         return to_device(slots, self.device, self.pinned)
 
     def move(self, moves: RowMoves) -> None:
-        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
+
+    def settle(self) -> None:
+        """Metadata and host rows as every earlier prepare left them (``cache_overlap``): before anything reads
+        them outside a prepare (flushes, snapshots, adoption, saved decisions)."""
+        self.stream.join()
+        if self.behind is not None:
+            self.behind.wait()
 
     @property
     def full(self) -> bool:
@@ -123,12 +137,15 @@ class TableCaches:
     def replay(self, unique_rows: torch.Tensor) -> None:
         """The slot decisions of ``prepare(unique_rows)`` without moving a row: only before training, while
         every host row is current, so an evicted row needs no write-back (``load_resident`` then loads them)."""
+        self.settle()
         self._assign(unique_rows, record=True)
         self.epoch += 1  # slots were reassigned
+        self.stream.join()
 
     def decisions(self) -> dict[str, torch.Tensor]:
         """Where every row sits and how recently and often each slot was used: what ``replay`` arrives at, to be
         saved and given to ``adopt`` (the build cache keeps it for the next worker)."""
+        self.settle()
         return {"row_of_slot": self.row_of_slot.cpu().clone(), "last_use": self.last_use.cpu().clone(),
                 "use_count": self.use_count.cpu().clone(), "filled": self.filled.cpu().clone(),
                 "clock": torch.tensor(self.clock)}
@@ -137,6 +154,7 @@ class TableCaches:
         """The state ``decisions()`` saved, before training (``load_resident`` then loads the rows)."""
         if decisions["row_of_slot"].shape != self.row_of_slot.shape:
             raise ValueError("saved cache decisions are for other capacities")
+        self.settle()
         self.row_of_slot.copy_(decisions["row_of_slot"])
         self.last_use.copy_(decisions["last_use"])
         self.use_count.copy_(decisions["use_count"])
@@ -146,11 +164,13 @@ class TableCaches:
         self.slot_of_row.fill_(-1)
         occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
         self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)
+        self.stream.join()
 
     def load_resident(self) -> None:
         """After ``replay``: every occupied slot's row from the host, LOAD_CHUNK_ROWS at a time (a staging buffer
         of 32 MB at width 128, where all at once would be 2.7 GB of page-locked memory at large-cached); counters
         zeroed, so that they count training's traffic only."""
+        self.settle()
         _load_occupied(self, self.row_of_slot)
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
 
@@ -258,6 +278,7 @@ class TableCaches:
 
     def flush(self) -> None:
         """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
+        self.settle()
         _write_back_occupied(self, self.row_of_slot)
 
     def counters(self) -> dict[str, float]:
@@ -309,6 +330,7 @@ class SharedSlotRows:
                                        device=leader.device)
         self.row_bytes = host_rows.shape[1] * host_rows.element_size()
         self.bytes_h2d = self.bytes_d2h = 0
+        self.stream, self.behind = leader.stream, leader.behind
         leader.riders.append(self)
 
     @property
@@ -317,16 +339,18 @@ class SharedSlotRows:
 
     def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
         """Device slots of `unique_rows`, which the leader has made resident (``record`` is the leader's to count)."""
-        slots = self.leader.slot_of_row.index_select(0, unique_rows.to(self.leader.index_device))
-        if bool((slots < 0).any()):  # a caller that skipped the leader's prepare would update row -1's slot
-            raise RuntimeError("optimizer state asked for rows whose weights are not in the cache: prepare the "
-                               "weights' cache for them first")
+        with self.stream.deciding():
+            slots = self.leader.slot_of_row.index_select(0, unique_rows.to(self.leader.index_device))
+            if bool((slots < 0).any()):  # a caller that skipped the leader's prepare would update row -1's slot
+                raise RuntimeError("optimizer state asked for rows whose weights are not in the cache: prepare the "
+                                   "weights' cache for them first")
+        self.stream.hand_over(slots)
         return to_device(slots, self.device, self.pinned)
 
     def move(self, moves: RowMoves) -> None:
         self.bytes_d2h += moves.back_rows.numel() * self.row_bytes
         self.bytes_h2d += moves.load_rows.numel() * self.row_bytes
-        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned)
+        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
 
     def replay(self, unique_rows: torch.Tensor) -> None:
         """Nothing to decide: the leader's replay places these rows too."""
@@ -338,10 +362,12 @@ class SharedSlotRows:
         pass
 
     def load_resident(self) -> None:
+        self.leader.settle()
         _load_occupied(self, self.leader.row_of_slot)
         self.bytes_h2d = self.bytes_d2h = 0
 
     def flush(self) -> None:
+        self.leader.settle()
         _write_back_occupied(self, self.leader.row_of_slot)
 
     def counters(self) -> dict[str, float]:

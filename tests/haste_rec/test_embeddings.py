@@ -190,6 +190,30 @@ def test_a_cache_index_on_the_device_gives_the_same_numbers_and_counters(grad_mo
     assert on_device.counters == on_host.counters and on_host.counters["bytes_d2h"] > 0
 
 
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("index", ["host", "device"])
+@pytest.mark.parametrize("grad_mode", ["sparse", "fused"])
+@pytest.mark.parametrize("fractions", [(0.01, 0.01), (0.01, 0.3)], ids=["riding", "apart"])
+def test_cache_overlap_gives_the_same_numbers_and_counters(device, index, grad_mode, fractions):
+    """Knob embedding_cache_overlap: decisions on the caches' own stream (CUDA, index on the device) and write-backs
+    from a worker thread (everywhere) move the same rows between the same slots: bitwise the same training and
+    traffic. Small caches, so that most steps evict and write back, and rows evicted at one step come back."""
+    if index == "device" and device.type == "cpu":
+        pytest.skip("on a CPU both indexes are the same place")
+    cfg = replace(BASE, placement="cached", grad_mode=grad_mode, cache_index=index, cache_fraction=fractions[0],
+                  opt_state_cache_fraction=fractions[1], pin_memory=device.type == "cuda")
+    overlapped, plain = train(replace(cfg, cache_overlap=True), device), train(cfg, device)
+    assert_same(overlapped, plain, exact=True)
+    assert overlapped.counters == plain.counters and plain.counters["bytes_d2h"] > 0
+
+
+def test_cache_overlap_keeps_the_ids_on_the_host_for_the_caches_to_copy():
+    """With cache_overlap the loader leaves the ids on the host: the caches copy them on their own stream, where a
+    copy on the step's stream would queue behind the previous step."""
+    cfg = replace(BASE, placement="cached", grad_mode="fused", cache_index="device")
+    assert cfg.ids_on_device and not replace(cfg, cache_overlap=True).ids_on_device
+
+
 # -- counters ------------------------------------------------------------------------------------
 UNIQUE_LOOKUPS = sum(int(b.ids[t].unique().numel()) for b in BATCHES for t in range(len(TABLE_ROWS)))
 
