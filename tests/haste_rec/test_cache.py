@@ -314,6 +314,37 @@ def test_riding_rows_move_with_their_leaders_and_refuse_rows_it_does_not_hold():
         state.prepare(rows(11))
 
 
+def test_the_steady_path_decides_as_the_general_one(monkeypatch):
+    """Full caches under LRU over equal capacities take ``_assign_steady`` (one read-back of sizes); replayed beside
+    caches held to the general path, lookups and updates alternating, every slot, move and counter agree."""
+    table_rows, row_starts = [2000, 600, 1300], [0, 2000, 2600]
+    data = ZipfBatches(table_rows, [0.8, 1.2, 1.0], batch_size=40, max_bag=4, seed=3)
+    host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(2))
+    steady, general = (TableCaches(host.clone(), table_rows, [150] * 3, "lru", CPU) for _ in range(2))
+    monkeypatch.setattr(general, "_became_full", lambda: False)
+    calls = []
+    monkeypatch.setattr(steady, "_assign_steady", lambda *a, _f=steady._assign_steady: calls.append(1) or _f(*a))
+    shared = [torch.cat([torch.unique(ids) + s for ids, s in zip(b.ids, row_starts)]) for b in data.batches(0, 60)]
+    for rows_of_batch in shared[:15]:
+        steady.replay(rows_of_batch)
+        general.replay(rows_of_batch)
+    assert steady.full
+    calls.clear()
+    for rows_of_batch in shared[15:]:
+        for record in (True, False):
+            slots = [c.prepare(rows_of_batch, record=record) for c in (steady, general)]
+            assert torch.equal(*slots)
+        for c, s in zip((steady, general), slots):
+            c.device_rows[s] += 1.0  # updates: dirty rows must be written back on eviction
+    assert len(calls) == 2 * len(shared[15:])
+    for name in ("slot_of_row", "row_of_slot", "last_use", "use_count", "filled", "device_rows"):
+        assert torch.equal(getattr(steady, name), getattr(general, name)), name
+    assert steady.counters() == general.counters() and steady.counters()["bytes_d2h"] > 0
+    steady.flush()
+    general.flush()
+    assert torch.equal(steady.host_rows, general.host_rows)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a cache index on the device needs CUDA")
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 @pytest.mark.parametrize("capacities", [[300, 300], [500, 120]], ids=["uniform", "planned"])
