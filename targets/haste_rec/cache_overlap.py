@@ -31,6 +31,8 @@ from contextlib import nullcontext
 
 import torch
 
+from targets.haste_rec.row_cache import flat_rows
+
 
 class CacheStream:
     """A side stream for the caches' decisions on a CUDA `device` when `enabled`; otherwise every method is a
@@ -88,7 +90,7 @@ class WriteBehind:
         def write() -> None:
             if copied is not None:
                 copied.synchronize()
-            host.index_copy_(0, rows, values)
+            flat_rows(host).index_copy_(0, rows, flat_rows(values))
 
         future = self._pool.submit(write)
         with self._lock:

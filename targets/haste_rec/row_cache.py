@@ -62,6 +62,13 @@ def to_host(t: torch.Tensor, pinned: bool) -> torch.Tensor:
     return out.copy_(t)
 
 
+def flat_rows(t: torch.Tensor) -> torch.Tensor:
+    """Rows one value wide (the Adagrad state) as a flat view: torch's CPU index_select and index_copy_ take a
+    faster path in one dimension (30K of 26M rows on the 2-core VM: 0.51 against 0.76 ms), where an H200 step
+    gathered them in 1.2 ms (profile of large-cached, 2026-12-02)."""
+    return t.view(-1) if t.dim() == 2 and t.shape[1] == 1 else t
+
+
 def gather_to_device(host: torch.Tensor, index: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
     """host[index] on `device`; with `pinned`, gathered straight into a pinned staging buffer.
 
@@ -69,9 +76,9 @@ def gather_to_device(host: torch.Tensor, index: torch.Tensor, device: torch.devi
     again before the asynchronous copy reading it has finished, so reusing it is safe.
     """
     if not pinned:
-        return host.index_select(0, index).to(device)
+        return flat_rows(host).index_select(0, index).view(-1, *host.shape[1:]).to(device)
     staged = torch.empty((index.numel(), *host.shape[1:]), dtype=host.dtype, pin_memory=True)
-    torch.index_select(host, 0, index, out=staged)
+    torch.index_select(flat_rows(host), 0, index, out=flat_rows(staged))
     return staged.to(device, non_blocking=True)
 
 
@@ -111,7 +118,7 @@ def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMove
     if moves.back_slots.numel():
         values = device_rows.index_select(0, to_device(moves.back_slots, device, pinned))
         if behind is None:
-            host_rows.index_copy_(0, moves.back_rows, to_host(values, pinned))
+            flat_rows(host_rows).index_copy_(0, moves.back_rows, flat_rows(to_host(values, pinned)))
         else:
             staged = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinned)
             staged.copy_(values, non_blocking=True)
