@@ -421,3 +421,17 @@ def test_after_the_fused_tail_broke_the_precision_band_under_tf32_it_comes_with_
     patches = [p.patch for p in propose_offline(at, ctx, limit=200)]
     assert patches[0] == {"tail_backend": "triton-fused-loss", "tail_fp32_dot": "tf32x3"}
     assert {"tail_backend": "triton-fused-loss"} not in patches  # tried under both classes now
+
+
+def test_the_s20_large_cached_run_after_the_device_index_overlaps_the_cache_next(state, ctx):
+    """Replayed on the real profile of session 20's `large-cached` run after #3 (the caches' index on the device),
+    whose embed phase waited 3.4 ms for the previous step and then spent its host time while the device idled:
+    that run went on to pinned memory, loader workers, CUDA graphs and Triton embeddings, and ran out of time
+    before TF32x3. The cache overlap comes first now; host pooling, which cached tables ignore, never."""
+    at = replayed(state, ctx, "h200_large_cached_s20_after_3.json", "large-cached", LARGE_CACHED_BASE, [
+        (1, {"tail_backend": "triton-fused-loss"}, True, 0.656),
+        (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.475),
+        (3, {"embedding_cache_index": "device"}, True, 0.676)])
+    proposals = propose_offline(at, ctx, limit=200)
+    assert proposals[0].patch == {"embedding_cache_overlap": True}
+    assert all("embedding_pool_on_host" not in p.patch for p in proposals)
