@@ -187,7 +187,8 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
     if idle < IDLE_THRESHOLD:
         return []
     launches = coarse.kernel_launches_per_step
-    host_work = sum(p.host_s - p.host_wait_s for name, p in coarse.phases.items() if name != "data")
+    work_by_phase = {name: max(0.0, p.host_s - p.host_wait_s) for name, p in coarse.phases.items() if name != "data"}
+    host_work = sum(work_by_phase.values())
     per_launch = host_work / launches if launches else float("inf")
     if per_launch > HOST_S_PER_LAUNCH:
         room = Headroom(1.5, f"the host works {per_launch * 1e6:.0f} us per kernel launch outside data: it computes "
@@ -205,7 +206,10 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
             if heaviest else "")
     evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
                 f"{launches:.0f} kernel launches per step{waiting}{most}{work}.")
-    return [_finding("launch/host-bound", None, None, evidence, idle, room)]
+    found = _finding("launch/host-bound", None, None, evidence, idle, room)
+    if host_work > 0:  # where the host's time goes: what a change that cuts one phase's launches can reach
+        found.host_by_phase = {name: work / host_work for name, work in work_by_phase.items()}
+    return [found]
 
 
 def _comm_finding(coarse: CoarseProfile) -> list[Finding]:

@@ -225,6 +225,8 @@ class Finding(BaseModel):
     headroom: float = Field(description="plausible speedup of this part (see profilers.findings)")
     headroom_basis: str = Field(description="why that headroom, in a phrase")
     amdahl_gain: float = Field(description="1 / (1 - share + share / headroom): the whole step's speedup")
+    host_by_phase: dict[str, float] = Field(default_factory=dict, description="launch/host-bound: each phase's "
+                                            "share of the host's work outside data (waits on the device apart)")
 
 
 # ----------------------------------------------------------------------------- worker request/result

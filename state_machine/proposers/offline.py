@@ -4,7 +4,11 @@ Each rule is triggered by a finding category and proposes a knob patch that is k
 that kind of bottleneck (fused row-wise embedding updates for a dense-gradient optimizer phase,
 worker processes for data waits, Triton tail kernels for a gather-bound tail, ...). A rule's
 *plausibility* is the share of the finding's Amdahl gain it can be expected to realise, so its
-expected gain is ``1 + (finding.amdahl_gain - 1) * plausibility``; candidates are tried in that order.
+expected gain is ``1 + (finding.amdahl_gain - 1) * plausibility``, from the finding among its triggers that
+promises the most; candidates are tried in that order. A rule that cuts the host work of some phases only
+(``host_phases``: the dense CUDA graphs replay the encoder, head, tail and losses, not the embeddings' cache
+moves) expects, from a launch/host-bound finding, only those phases' share of the host's work: at large-cached
+after the device index (session 20) 60% of it was in `embed`, and the graphs had measured no difference there.
 
 Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is skipped, and so is one
 whose ``requires`` the resolved incumbent does not meet (a tail rule never proposes a backend the
@@ -67,7 +71,14 @@ class Rule:
     why: str
     devices: tuple[str, ...] = ("cpu", "cuda")
     requires: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # incumbent knob -> allowed values
+    # The phases whose host work the change cuts: triggered by a launch/host-bound finding, the rule expects only
+    # those phases' share of the host's work to go (empty: all of it).
+    host_phases: tuple[str, ...] = ()
 
+
+# The phases the dense CUDA graphs replay (the encoder, head, fused tail and losses, forward and backward); the
+# backward phase also holds the embeddings' row update, which they do not.
+DENSE_PHASES = ("encoder", "head", "tail", "loss", "backward")
 
 CATALOG: tuple[Rule, ...] = (
     Rule("fused-embedding-update", ("optimizer", "embedding-bound"), {"embedding_grad_mode": "fused"}, 0.9,
@@ -151,15 +162,15 @@ CATALOG: tuple[Rule, ...] = (
          "previous step, then spent 8.7 ms of host work there while the device idled; with it, the step ran 1.29x "
          "faster (sg-opt bench --vs, 2026-12-02)", devices=("cuda",),
          requires={"embedding_placement": ("cached",), "embedding_cache_index": ("device",),
-                   "embedding_cache_overlap": (False,)}),
+                   "embedding_cache_overlap": (False,)}, host_phases=("embed",)),
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),
     Rule("dense-cuda-graph", ("launch/host-bound",), {"dense_cuda_graph": True}, 0.7,
          "replay the dense part of the step as CUDA graphs: one launch per phase instead of dozens",
-         devices=("cuda",)),
+         devices=("cuda",), host_phases=DENSE_PHASES),
     Rule("compile-encoder", ("launch/host-bound",), {"compile_encoder": True}, 0.4,
-         "fewer, fused kernels in the encoder", devices=("cuda",)),
+         "fewer, fused kernels in the encoder", devices=("cuda",), host_phases=("encoder", "backward")),
 )
 
 # (knob, value) -> the devices where a rule says it applies; the generic sweep respects it too.
@@ -299,9 +310,11 @@ def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], p
     return state.allow_model_changes or all(space[k].numerics != "model" for k in changes)
 
 
-def _gain(finding: Finding | None, plausibility: float) -> float:
+def _gain(finding: Finding | None, plausibility: float, host_phases: tuple[str, ...] = ()) -> float:
     if finding is None:
         return NO_FINDING_GAIN
+    if host_phases and finding.host_by_phase:  # a launch/host-bound step: only these phases' host work goes
+        plausibility *= sum(finding.host_by_phase.get(phase, 0.0) for phase in host_phases)
     return 1.0 + (finding.amdahl_gain - 1.0) * plausibility
 
 
@@ -312,11 +325,13 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
             continue
         if any(current.get(k) not in allowed for k, allowed in rule.requires.items()):
             continue
-        trigger = next((f for f in findings if f.category in rule.triggers), None)
-        if trigger is None:
+        triggers = [f for f in findings if f.category in rule.triggers]
+        if not triggers:
             continue
+        # the finding that promises the rule the most (its first in the findings' order on a tie)
+        trigger = max(triggers, key=lambda f: _gain(f, rule.plausibility, rule.host_phases))
         yield Proposal(kind="knob", patch=dict(rule.patch), proposer=f"offline:{rule.name}",
-                       expected_gain=_gain(trigger, rule.plausibility),
+                       expected_gain=_gain(trigger, rule.plausibility, rule.host_phases),
                        rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
 
 

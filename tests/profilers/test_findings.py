@@ -165,6 +165,17 @@ def test_the_launch_finding_names_the_hosts_largest_work_outside_data():
                                     "cudaLaunchKernel in embed (1.50 ms).")
 
 
+def test_the_launch_finding_splits_the_hosts_work_by_phase_outside_data():
+    """What a change that cuts one phase's launches can reach: each phase's share of the host's work, waits on the
+    device apart, data left out (its wait is data-wait's)."""
+    profile = coarse({"data": 0.1, "embed": 0.5, "tail": 0.3}, idle=0.53, launches=342)
+    profile.phases["embed"] = PhaseTime(host_s=0.5 * STEP_S, host_wait_s=0.1 * STEP_S, share=0.5)
+    launch = next(f for f in findings(profile, None, {}, TUNED) if f.category == "launch/host-bound")
+    assert "data" not in launch.host_by_phase
+    assert launch.host_by_phase["embed"] == pytest.approx(0.4 / 0.7)
+    assert launch.host_by_phase["tail"] == pytest.approx(0.3 / 0.7)
+
+
 @pytest.mark.parametrize("knobs,headroom", [
     ({"tail_backend": "triton-fused-loss"}, 2.5),
     ({"tail_backend": "triton"}, 2.5),
