@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from profilers.records import CoarseProfile, FineProfile, Finding, SlotTiming
+from profilers.records import CoarseProfile, FineProfile, Finding, PhaseTime, SlotTiming
 from targets.haste_rec.knobs import tail_dot_precision
 
 MIN_SHARE = 0.01           # parts below 1% of the step are not reported
@@ -146,8 +146,18 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
         device = f", {_ms(timing.device_s)} on the device" if timing.device_s is not None else ""
         evidence = (f"{phase} takes {timing.share:.1%} of the {_ms(coarse.step_s)} step "
                     f"({_ms(timing.host_s)} on the host{device}).")
-        found.append(_finding(category, phase, None, evidence, timing.share, room))
+        found.append(_finding(category, phase, None, evidence, timing.share, room, _device_fraction(timing)))
     return found
+
+
+def _device_fraction(timing: PhaseTime) -> float | None:
+    """The phase's device time over its wall time, the host's when longer (None off a GPU): a host-bound phase
+    (session 20's `embed` at large-cached: 1.61 ms on the device in 12.07 on the host) gains little from faster
+    kernels."""
+    if timing.device_s is None:
+        return None
+    wall = max(timing.host_s, timing.device_s)
+    return timing.device_s / wall if wall > 0 else None
 
 
 def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
@@ -167,7 +177,7 @@ def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> l
                              "band allows")
         how = "fp32 as three TF32 tensor-core products"
     evidence = f"the Triton tail multiplies {how}; tail takes {tail.share:.1%} of the {_ms(coarse.step_s)} step."
-    return [_finding("fp32-products", "tail", None, evidence, tail.share, room)]
+    return [_finding("fp32-products", "tail", None, evidence, tail.share, room, _device_fraction(tail))]
 
 
 def _data_idle_share(coarse: CoarseProfile) -> float:
@@ -256,9 +266,10 @@ def _kernel_finding(slot: SlotTiming, step_s: float) -> Finding | None:
 
 
 def _finding(category: str, phase: str | None, subject: str | None, evidence: str, share: float,
-             room: Headroom) -> Finding:
+             room: Headroom, device_fraction: float | None = None) -> Finding:
     return Finding(category=category, phase=phase, subject=subject, evidence=evidence, share=share,
-                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value))
+                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value),
+                   device_fraction=device_fraction)
 
 
 def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],

@@ -227,6 +227,8 @@ class Finding(BaseModel):
     amdahl_gain: float = Field(description="1 / (1 - share + share / headroom): the whole step's speedup")
     host_by_phase: dict[str, float] = Field(default_factory=dict, description="launch/host-bound: each phase's "
                                             "share of the host's work outside data (waits on the device apart)")
+    device_fraction: float | None = Field(None, description="a phase's finding on a GPU: its device time over its "
+                                          "wall time (the host's, when longer): what a device-side change can reach")
 
 
 # ----------------------------------------------------------------------------- worker request/result

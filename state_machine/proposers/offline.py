@@ -9,6 +9,9 @@ promises the most; candidates are tried in that order. A rule that cuts the host
 (``host_phases``: the dense CUDA graphs replay the encoder, head, tail and losses, not the embeddings' cache
 moves) expects, from a launch/host-bound finding, only those phases' share of the host's work: at large-cached
 after the device index (session 20) 60% of it was in `embed`, and the graphs had measured no difference there.
+Likewise a kernel or precision rule (``device_only``) expects, from a phase's finding, only the share of the phase
+the device works (``Finding.device_fraction``): there `embed` ran 1.61 ms on the device in 12.07 on the host, and
+the Triton embeddings measured 1.376 (slower).
 
 Rules name knobs of the bundled trainer; a rule whose knobs a target lacks is skipped, and so is one
 whose ``requires`` the resolved incumbent does not meet (a tail rule never proposes a backend the
@@ -74,6 +77,9 @@ class Rule:
     # The phases whose host work the change cuts: triggered by a launch/host-bound finding, the rule expects only
     # those phases' share of the host's work to go (empty: all of it).
     host_phases: tuple[str, ...] = ()
+    # Kernels or precision only: the change shortens device time alone, so from a phase's finding it expects only
+    # the phase's device share of its wall time (``Finding.device_fraction``).
+    device_only: bool = False
 
 
 # The phases the dense CUDA graphs replay (the encoder, head, fused tail and losses, forward and backward); the
@@ -120,25 +126,25 @@ CATALOG: tuple[Rule, ...] = (
     Rule("bf16-autocast", ("fp32-products", "tail-gather-bound", "backward", "compute-bound kernel",
                            "memory-bound kernel", "loss"),
          {"precision": "bf16-autocast"}, 0.6, "tensor cores and half the bytes, fp32 master weights",
-         devices=("cuda",)),
+         devices=("cuda",), device_only=True),
     Rule("tf32-matmuls", ("fp32-products", "tail-gather-bound", "backward", "compute-bound kernel", "loss"),
          {"matmul_precision": "high"}, 0.6,
          "fp32 products on TF32 tensor cores (torch's matmuls and the Triton tail's tl.dot): a smaller precision "
          "step than bf16, inputs rounded to a 10-bit mantissa, fp32 everywhere else", devices=("cuda",),
-         requires={"precision": ("fp32",)}),
+         requires={"precision": ("fp32",)}, device_only=True),
     Rule("tf32x3-tail", ("fp32-products",), {"tail_fp32_dot": "tf32x3"}, 0.8,
          "the Triton tail's fp32 products as three TF32 tensor-core products instead of CUDA-core FMAs, held "
          "to the reorder band", devices=("cuda",), requires={"tail_fp32_dot": ("auto", "ieee"),
-                                                             "matmul_precision": ("highest",)}),
+                                                             "matmul_precision": ("highest",)}, device_only=True),
     Rule("tf32-tail", ("fp32-products",), {"tail_fp32_dot": "tf32"}, 0.65,
          "the Triton tail's fp32 products in one TF32 tensor-core pass, for the tail alone: a precision change, "
          "held to the precision band (TF32 for every matmul also moves torch's own)", devices=("cuda",),
-         requires={"tail_fp32_dot": ("auto", "ieee", "tf32x3"), "matmul_precision": ("highest",)}),
+         requires={"tail_fp32_dot": ("auto", "ieee", "tf32x3"), "matmul_precision": ("highest",)}, device_only=True),
     Rule("tail-slots", ("tail-gather-bound", "backward"), {"tail_backend": "slots"}, 0.3,
          "explicit forward/backward products instead of autograd through gather + einsum",
          requires={"tail_backend": ("torch",)}),
     Rule("triton-embeddings", ("embedding-bound",), {"embedding_backend": "triton"}, 0.6,
-         "one pooled lookup over all tables in one launch", devices=("cuda",)),
+         "one pooled lookup over all tables in one launch", devices=("cuda",), device_only=True),
     Rule("pinned-row-traffic", ("optimizer", "embedding-bound"), {"pin_memory": True}, 0.6,
          "host tables' rows and row gradients cross the bus through page-locked buffers: one DMA at bus speed "
          "where pageable memory is staged by the driver (at large-cached with host tables, the optimizer phase "
@@ -310,11 +316,13 @@ def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], p
     return state.allow_model_changes or all(space[k].numerics != "model" for k in changes)
 
 
-def _gain(finding: Finding | None, plausibility: float, host_phases: tuple[str, ...] = ()) -> float:
+def _gain(finding: Finding | None, plausibility: float, rule: "Rule | None" = None) -> float:
     if finding is None:
         return NO_FINDING_GAIN
-    if host_phases and finding.host_by_phase:  # a launch/host-bound step: only these phases' host work goes
-        plausibility *= sum(finding.host_by_phase.get(phase, 0.0) for phase in host_phases)
+    if rule is not None and rule.host_phases and finding.host_by_phase:  # launch/host-bound: these phases' host work
+        plausibility *= sum(finding.host_by_phase.get(phase, 0.0) for phase in rule.host_phases)
+    if rule is not None and rule.device_only and finding.device_fraction is not None:  # a host-bound phase
+        plausibility *= finding.device_fraction
     return 1.0 + (finding.amdahl_gain - 1.0) * plausibility
 
 
@@ -329,9 +337,9 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
         if not triggers:
             continue
         # the finding that promises the rule the most (its first in the findings' order on a tie)
-        trigger = max(triggers, key=lambda f: _gain(f, rule.plausibility, rule.host_phases))
+        trigger = max(triggers, key=lambda f: _gain(f, rule.plausibility, rule))
         yield Proposal(kind="knob", patch=dict(rule.patch), proposer=f"offline:{rule.name}",
-                       expected_gain=_gain(trigger, rule.plausibility, rule.host_phases),
+                       expected_gain=_gain(trigger, rule.plausibility, rule),
                        rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
 
 

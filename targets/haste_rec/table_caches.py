@@ -198,19 +198,30 @@ class TableCaches:
             victims = self._victims(table.index_select(0, missing), in_use=slots[slots >= 0])
             evicted = self.row_of_slot.index_select(0, victims)
             held = (evicted >= 0).nonzero().squeeze(1)
-            self.slot_of_row.index_fill_(0, evicted.index_select(0, held), -1)
-            self.bytes_d2h += held.numel() * self.row_bytes
-            self.bytes_h2d += n_missing * self.row_bytes
-            self.slot_of_row.index_copy_(0, rows, victims)
-            self.row_of_slot.index_copy_(0, victims, rows)
-            self._stamp(victims)
-            self.use_count.index_fill_(0, victims, 0)
-            slots.index_copy_(0, missing, victims)
-            moves = RowMoves(evicted.index_select(0, held), victims.index_select(0, held), rows, victims)
+            moves = self._place(slots, missing, rows, victims, evicted.index_select(0, held),
+                                victims.index_select(0, held))
+        self._touch(slots, record)
+        return slots, moves
+
+    def _place(self, slots: torch.Tensor, missing: torch.Tensor, rows: torch.Tensor, victims: torch.Tensor,
+               back_rows: torch.Tensor, back_slots: torch.Tensor) -> RowMoves:
+        """The missing `rows` (at positions `missing` of `slots`) into their `victims`, whose rows `back_rows` (in
+        `back_slots`) leave: the maps, stamps, traffic counters and `slots` updated; the moves returned."""
+        self.slot_of_row.index_fill_(0, back_rows, -1)
+        self.bytes_d2h += back_rows.numel() * self.row_bytes
+        self.bytes_h2d += rows.numel() * self.row_bytes
+        self.slot_of_row.index_copy_(0, rows, victims)
+        self.row_of_slot.index_copy_(0, victims, rows)
+        self._stamp(victims)
+        self.use_count.index_fill_(0, victims, 0)
+        slots.index_copy_(0, missing, victims)
+        return RowMoves(back_rows, back_slots, rows, victims)
+
+    def _touch(self, slots: torch.Tensor, record: bool) -> None:
+        """On the lookup path (`record`), the batch's slots used now: stamped in order, their use counts raised."""
         if record:
             self._stamp(slots)
             self.use_count[slots] += 1
-        return slots, moves
 
     def _became_full(self) -> bool:
         self.all_full = self.full
@@ -251,18 +262,8 @@ class TableCaches:
             j = torch.arange(n_missing, device=slots.device) - first.index_select(0, t)
             victims = lowest[t, j] + self.slot_start.index_select(0, t)
             evicted = self.row_of_slot.index_select(0, victims)  # full: every victim holds a row
-            self.slot_of_row.index_fill_(0, evicted, -1)
-            self.bytes_d2h += n_missing * self.row_bytes
-            self.bytes_h2d += n_missing * self.row_bytes
-            self.slot_of_row.index_copy_(0, rows, victims)
-            self.row_of_slot.index_copy_(0, victims, rows)
-            self._stamp(victims)
-            self.use_count.index_fill_(0, victims, 0)
-            slots.index_copy_(0, missing, victims)
-            moves = RowMoves(evicted, victims, rows, victims)
-        if record:
-            self._stamp(slots)
-            self.use_count[slots] += 1
+            moves = self._place(slots, missing, rows, victims, evicted, victims)
+        self._touch(slots, record)
         return slots, moves
 
     def _oldest_of_all(self, k: int, in_use: torch.Tensor) -> torch.Tensor:

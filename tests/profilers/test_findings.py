@@ -165,6 +165,17 @@ def test_the_launch_finding_names_the_hosts_largest_work_outside_data():
                                     "cudaLaunchKernel in embed (1.50 ms).")
 
 
+def test_a_phase_finding_says_how_much_of_its_time_the_device_works():
+    """Session 20's `embed` at large-cached: 12.07 ms on the host (waits included), 1.61 on the device; a faster
+    kernel can shorten only that. A device-bound phase: all of it; off a GPU: unknown."""
+    profile = coarse({"embed": 0.4, "tail": 0.3}, idle=0.3, launches=200)
+    profile.phases["embed"] = PhaseTime(host_s=12.07e-3, device_s=1.61e-3, share=0.4)
+    by_category = {f.category: f for f in findings(profile, None, {}, TUNED)}
+    assert by_category["embedding-bound"].device_fraction == pytest.approx(1.61 / 12.07)
+    assert by_category["tail-gather-bound"].device_fraction == 1.0
+    assert all(f.device_fraction is None for f in findings(coarse({"embed": 0.4}), None, {}, TUNED))
+
+
 def test_the_launch_finding_splits_the_hosts_work_by_phase_outside_data():
     """What a change that cuts one phase's launches can reach: each phase's share of the host's work, waits on the
     device apart, data left out (its wait is data-wait's)."""
