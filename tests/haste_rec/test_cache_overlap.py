@@ -67,3 +67,39 @@ def test_without_cuda_the_caches_decide_on_the_callers_stream():
         pass
     stream.hand_over(torch.zeros(1))
     stream.join()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams need CUDA")
+def test_an_overlapped_prepare_does_not_wait_for_the_step_stream():
+    """The point of the overlap: with the step's stream busy (a kernel spinning for about a second), a prepare that
+    evicts and writes back returns while that stream still runs, and decides as a plain prepare does, which waits
+    for it (its read-backs run on the step's stream)."""
+    import time
+    from targets.haste_rec.table_caches import TableCaches
+    cuda = torch.device("cuda")
+    table_rows, starts = [2000, 600], [0, 2000]
+    host = torch.randn(sum(table_rows), 4, generator=torch.Generator().manual_seed(0))
+    batches = [torch.cat([torch.randint(0, n, (300,), generator=torch.Generator().manual_seed(i * 7 + t)).unique() + s
+                          for t, (n, s) in enumerate(zip(table_rows, starts))]) for i in range(12)]
+    caches = {overlap: TableCaches(host.clone(), table_rows, [400, 400], "lru", cuda, pin_memory=True,
+                                   index_device=cuda, overlap=overlap) for overlap in (False, True)}
+    for cache in caches.values():
+        for rows in batches[:8]:
+            cache.replay(rows)
+        cache.load_resident()
+        cache.prepare(batches[8].to(cuda))  # a first prepare: the page-locked staging buffers are allocated here
+    rows = batches[9].to(cuda)
+    torch.cuda.synchronize()
+    slots, still_busy = {}, {}
+    for overlap, cache in caches.items():
+        torch.cuda._sleep(2_000_000_000)  # the step's stream busy for about a second
+        begin = time.perf_counter()
+        slots[overlap] = cache.prepare(rows)
+        still_busy[overlap] = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        assert time.perf_counter() - begin > 0.1  # the spin was long enough to tell the two apart
+    assert still_busy == {False: False, True: True}
+    assert torch.equal(slots[False], slots[True]) and caches[True].counters()["bytes_d2h"] > 0
+    caches[True].flush()
+    caches[False].flush()
+    assert torch.equal(caches[True].host_rows, caches[False].host_rows)
