@@ -103,7 +103,7 @@ class RowMoves:
 
 
 def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
-              pinned: bool, behind: "WriteBehind | None" = None) -> None:
+              pinned: bool, behind: WriteBehind | None = None) -> None:
     """Carry out `moves`: every write-back first (one read-back from the device, the only wait), then every
     load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
     written-back and loaded host rows are disjoint (a row is either cached or missing).
