@@ -9,9 +9,10 @@ configuration (2026-12-02) had 12.07 ms of host time in `embed` a step, 3.40 of 
 device ran 1.61 ms of it.
 
 ``CacheStream`` runs the decisions on a high-priority side stream of their own, so that their read-backs wait
-only for the bookkeeping: the host decides batch k+1 while the device still runs step k. The rows' data never
-moves there: reads and writes of the cached rows stay on the step's stream, in the step's order, after the
-main stream has waited for the decisions (``hand_over``, an event, no host wait).
+only for the bookkeeping: the host decides batch k+1 while the device still runs step k. Every operation on the
+caches' metadata runs there (prepares, warming, adoption); the rows' data never moves there: reads and writes
+of the cached rows stay on the step's stream, in the step's order, after the main stream has waited for the
+decisions (``hand_over``, an event, no host wait).
 
 ``WriteBehind`` takes the write-back of evicted rows off the host's path: their values are copied to a
 page-locked buffer on the step's stream without waiting, and a worker thread writes them into the host
@@ -36,14 +37,17 @@ from targets.haste_rec.row_cache import flat_rows
 
 
 class CacheStream:
-    """A side stream for the caches' decisions on a CUDA `device` when `enabled`; otherwise every method is a
-    no-op and the decisions run where the caller does."""
+    """A side stream for the caches' decisions on a CUDA `device` when `enabled`, starting after what the
+    caller's stream has queued so far (the metadata's initialisation); otherwise every method is a no-op and the
+    decisions run where the caller does."""
 
     def __init__(self, device: torch.device, enabled: bool):
         use = enabled and device.type == "cuda" and torch.cuda.is_available()
         self.device = device
         # Highest priority: its small kernels are scheduled before the waiting blocks of the step's large ones.
         self.stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1]) if use else None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(device))
 
     @property
     def enabled(self) -> bool:
@@ -63,14 +67,6 @@ class CacheStream:
         for t in tensors:
             if t is not None and t.is_cuda:
                 t.record_stream(main)
-
-    def join(self) -> None:
-        """Each stream waits for the other's work so far (on the device): around metadata that is read or
-        written outside a prepare (flushes, snapshots, warming, adoption)."""
-        if self.stream is None:
-            return
-        self.hand_over()
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
 
 class WriteBehind:

@@ -95,7 +95,8 @@ class TableCaches:
         # Bumped whenever a slot's row changes (a prepare that evicts, a replay, an adoption): slots read in one
         # epoch hold their rows for all of it (a load into an empty slot changes no other slot).
         self.epoch = 0
-        # overlap (``cache_overlap``): decisions on a side stream of their own, write-backs behind the host's back
+        # overlap (``cache_overlap``): the metadata on a side stream of its own (made last: it starts after the
+        # metadata's initialisation queued above), write-backs behind the host's back
         self.stream = CacheStream(device, overlap and index.type == "cuda")
         self.behind = WriteBehind() if overlap else None
 
@@ -127,49 +128,48 @@ class TableCaches:
         move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
 
     def settle(self) -> None:
-        """Metadata and host rows as every earlier prepare left them (``cache_overlap``): before anything reads
-        them outside a prepare (flushes, snapshots, adoption, saved decisions)."""
-        self.stream.join()
+        """Metadata and host rows as every earlier prepare left them (``cache_overlap``): before the step's stream
+        reads them (flushes, snapshots, loading the resident rows)."""
+        self.stream.hand_over()
         if self.behind is not None:
             self.behind.wait()
 
     @property
     def full(self) -> bool:
         """Every table's slots hold rows: from here on each miss evicts (the steady state of training)."""
-        return bool(torch.equal(self.filled, self.caps))
+        with self.stream.deciding():
+            return bool(torch.equal(self.filled, self.caps))
 
     def replay(self, unique_rows: torch.Tensor) -> None:
         """The slot decisions of ``prepare(unique_rows)`` without moving a row: only before training, while
         every host row is current, so an evicted row needs no write-back (``load_resident`` then loads them)."""
-        self.settle()
-        self._assign(unique_rows, record=True)
+        with self.stream.deciding():
+            self._assign(unique_rows, record=True)
         self.epoch += 1  # slots were reassigned
-        self.stream.join()
 
     def decisions(self) -> dict[str, torch.Tensor]:
         """Where every row sits and how recently and often each slot was used: what ``replay`` arrives at, to be
         saved and given to ``adopt`` (the build cache keeps it for the next worker)."""
-        self.settle()
-        return {"row_of_slot": self.row_of_slot.cpu().clone(), "last_use": self.last_use.cpu().clone(),
-                "use_count": self.use_count.cpu().clone(), "filled": self.filled.cpu().clone(),
-                "clock": torch.tensor(self.clock)}
+        with self.stream.deciding():
+            return {"row_of_slot": self.row_of_slot.cpu().clone(), "last_use": self.last_use.cpu().clone(),
+                    "use_count": self.use_count.cpu().clone(), "filled": self.filled.cpu().clone(),
+                    "clock": torch.tensor(self.clock)}
 
     def adopt(self, decisions: dict[str, torch.Tensor]) -> None:
         """The state ``decisions()`` saved, before training (``load_resident`` then loads the rows)."""
         if decisions["row_of_slot"].shape != self.row_of_slot.shape:
             raise ValueError("saved cache decisions are for other capacities")
-        self.settle()
-        self.row_of_slot.copy_(decisions["row_of_slot"])
-        self.last_use.copy_(decisions["last_use"])
-        self.use_count.copy_(decisions["use_count"])
-        self.filled.copy_(decisions["filled"])
+        with self.stream.deciding():
+            self.row_of_slot.copy_(decisions["row_of_slot"])
+            self.last_use.copy_(decisions["last_use"])
+            self.use_count.copy_(decisions["use_count"])
+            self.filled.copy_(decisions["filled"])
+            self.slot_of_row.fill_(-1)
+            occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
+            self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)
         self.clock = int(decisions["clock"])
         self.all_full = False
         self.epoch += 1
-        self.slot_of_row.fill_(-1)
-        occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
-        self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)
-        self.stream.join()
 
     def load_resident(self) -> None:
         """After ``replay``: every occupied slot's row from the host, LOAD_CHUNK_ROWS at a time (a staging buffer
