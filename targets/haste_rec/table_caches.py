@@ -90,7 +90,7 @@ class TableCaches:
         self.local_of_slot = local
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
         self.row_bytes = host_rows.shape[1] * host_rows.element_size()
-        self.all_full = False  # known on the host once every table is full: they stay so (slots are never emptied)
+        self._all_full = False  # known on the host once every table is full: they stay so (slots are never emptied)
         self.riders: list[SharedSlotRows] = []  # other rows kept in these slots (SharedSlotRows), moved with them
         # Bumped whenever a slot's row changes (a prepare that evicts, a replay, an adoption): slots read in one
         # epoch hold their rows for all of it (a load into an empty slot changes no other slot).
@@ -168,7 +168,7 @@ class TableCaches:
             occupied = (self.row_of_slot >= 0).nonzero().squeeze(1)
             self.slot_of_row.index_copy_(0, self.row_of_slot.index_select(0, occupied), occupied)
         self.clock = int(decisions["clock"])
-        self.all_full = False
+        self._all_full = False
         self.epoch += 1
 
     def load_resident(self) -> None:
@@ -182,7 +182,7 @@ class TableCaches:
     def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
         """(host-side slots of `unique_rows`, the rows to move for them or None): ``prepare``'s decisions."""
         unique_rows = unique_rows.to(self.index_device)
-        if self.eviction == "lru" and self.uniform and (self.all_full or self._became_full()):
+        if self.eviction == "lru" and self.uniform and (self._all_full or self._became_full()):
             return self._assign_steady(unique_rows, record)
         table = torch.bucketize(unique_rows, self.row_edges, right=True)
         self._check_fits(torch.bincount(table, minlength=len(self.capacities)).tolist())
@@ -224,13 +224,16 @@ class TableCaches:
             self.use_count[slots] += 1
 
     def _became_full(self) -> bool:
-        self.all_full = self.full
-        return self.all_full
+        """Whether every table is full now, remembered once true (one read-back a prepare until then)."""
+        self._all_full = self.full
+        return self._all_full
 
     def _assign_steady(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
         """``_assign`` once every table is full, under LRU over equal capacities: training's steady state. The same
-        decisions with one read-back of sizes (each table's distinct and missing rows) where the general path makes
-        about fifteen: on a GPU each waits for the caches' stream, which shares the device with the step's kernels.
+        decisions with one read-back of sizes (each table's distinct and missing rows), where the general path reads
+        sizes back over a dozen times: on a GPU each waits for the caches' stream, which shares the device with the
+        step's kernels. In H200 profiles of large-cached's session-20 best step, `embed` synchronised 22 times a
+        step before (9 scalar reads, 7 nonzero, 6 copies) and 6 times with this path.
 
         Every miss evicts. Missing rows come sorted, so grouped by table: the j-th missing row of table t takes the
         j-th oldest slot of t among those the batch does not use (``_oldest_unused``'s order), found by position
@@ -253,9 +256,8 @@ class TableCaches:
         if n_missing:
             missing = _positions(miss, n_missing)
             rows = unique_rows.index_select(0, missing)
-            spare = torch.full_like(slots, self.row_of_slot.numel())  # the stamps' spare element
-            in_use = torch.where(miss, spare, slots)
-            lowest = self._oldest_of_all(max(wanted), in_use)  # [tables, k] local slots, oldest first
+            in_use = slots.masked_fill(miss, self.row_of_slot.numel())  # a miss names the stamps' spare element
+            lowest = self._oldest_unused(max(wanted), in_use)  # [tables, k] local slots, oldest first
             t = table.index_select(0, missing)
             per_table = sizes[tables:]
             first = torch.cumsum(per_table, 0) - per_table  # each table's first position among the missing rows
@@ -265,15 +267,6 @@ class TableCaches:
             moves = self._place(slots, missing, rows, victims, evicted, victims)
         self._touch(slots, record)
         return slots, moves
-
-    def _oldest_of_all(self, k: int, in_use: torch.Tensor) -> torch.Tensor:
-        """[tables, k]: every table's k oldest local slots outside `in_use`, oldest first (``_oldest_unused`` over
-        every table; `in_use` may name the spare stamp, which no table holds)."""
-        saved = self._stamps.index_select(0, in_use)
-        self._stamps.index_fill_(0, in_use, NEVER)
-        oldest = torch.topk(self.last_use.view(-1, self.width), k, dim=1, largest=False, sorted=True).indices
-        self._stamps.index_copy_(0, in_use, saved)
-        return oldest
 
     def _check_fits(self, needed: Sequence[int]) -> None:
         """ConfigError when a batch needs more distinct rows of a table than its cache holds."""
@@ -309,7 +302,7 @@ class TableCaches:
         among its slots that held a row before this prepare and are not `in_use` (whole-array index fills on
         a fresh key array: boolean-mask indexing over every slot costs several times more)."""
         if self.eviction == "lru" and self.uniform and bool((occupied[evicting] == self.caps[evicting]).all()):
-            return self._oldest_unused(evicting, k, in_use)
+            return self._oldest_unused(k, in_use, evicting)
         keys = self.last_use.clone() if self.eviction == "lru" else (self.use_count << CLOCK_BITS) | self.last_use
         keys.index_fill_(0, in_use, NEVER)
         if bool((occupied[evicting] < self.caps[evicting]).any()):  # a table filling up: empty slots are no victims
@@ -323,7 +316,7 @@ class TableCaches:
             keys2d = keys2d.index_select(0, evicting)
         return torch.topk(keys2d, k, dim=1, largest=False, sorted=True).indices
 
-    def _oldest_unused(self, evicting: torch.Tensor, k: int, in_use: torch.Tensor) -> torch.Tensor:
+    def _oldest_unused(self, k: int, in_use: torch.Tensor, evicting: torch.Tensor | None = None) -> torch.Tensor:
         """``_lowest_keys`` for LRU over full tables of equal capacity, the steady state of training: topk straight
         over the stamps, with the in-use slots' stamps set past every other for it and put back after. No key
         array is made, and k is the misses alone: the in-use slots sort last, and a table's in-use slots and
@@ -331,14 +324,17 @@ class TableCaches:
         plus the hits: at large-cached one batch missed at most 1,876 rows of a table and hit 2,287
         (``benchmarks/cache_steady.py``). On the 2-core VM (``--threads 2 --batches 10``, two runs of each version,
         alternated) a step's two prepares with the state in its own cache went from 86.0 and 83.7 ms to 76.9 and
-        69.1; with the state riding (one topk), 44.2 and 43.8 against 50.6 and 42.9, within the VM's noise."""
-        saved = self.last_use.index_select(0, in_use)
-        self.last_use.index_fill_(0, in_use, NEVER)
+        69.1; with the state riding (one topk), 44.2 and 43.8 against 50.6 and 42.9, within the VM's noise.
+
+        [len(evicting), k] local slots (every table's when `evicting` is None); `in_use` may name the spare stamp
+        past the slots, which no table holds (the steady path sends the misses there)."""
+        saved = self._stamps.index_select(0, in_use)
+        self._stamps.index_fill_(0, in_use, NEVER)
         stamps = self.last_use.view(-1, self.width)
-        if evicting.numel() < stamps.shape[0]:
+        if evicting is not None and evicting.numel() < stamps.shape[0]:
             stamps = stamps.index_select(0, evicting)
         oldest = torch.topk(stamps, k, dim=1, largest=False, sorted=True).indices
-        self.last_use.index_copy_(0, in_use, saved)
+        self._stamps.index_copy_(0, in_use, saved)
         return oldest
 
     def _stamp(self, slots: torch.Tensor) -> None:
