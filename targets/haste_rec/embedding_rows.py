@@ -23,7 +23,8 @@ from torch import nn
 
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
 from targets.haste_rec.row_cache import gather_to_device, should_pin, to_device, to_host
-from targets.haste_rec.table_caches import SharedSlotRows, TableCaches, replay_until_full
+from targets.haste_rec.shared_slot_rows import SharedSlotRows
+from targets.haste_rec.table_caches import TableCaches, replay_until_full
 from targets.haste_rec.row_ops import (Lookup, TableLayout, apply_rowwise_adagrad_, coalesce_rows, make_lookup,
                                        pool, row_gradients)
 

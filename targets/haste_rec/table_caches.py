@@ -10,8 +10,8 @@ shared slot numbers in one operation; rows move with one read-back and one load 
 
 Two more things serve the steady state of training, in which the caches are full and every miss evicts:
 ``replay`` fast-forwards the caches there before the first step (only the decisions; the resident rows then
-load at once), and ``SharedSlotRows`` keeps a second array's rows (the optimizer state) in the same slots when
-its cache would decide the same, so one set of decisions serves both.
+load at once), and ``shared_slot_rows.SharedSlotRows`` keeps a second array's rows (the optimizer state) in the
+same slots when its cache would decide the same, so one set of decisions serves both.
 
 Where the metadata lives is ``index_device``'s choice (knob embedding_cache_index). On the host (SparseGear's
 way) a lookup needs no device round trip, but in the steady state the bookkeeping is host work on every step
@@ -24,7 +24,7 @@ The decisions are the same either way.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
@@ -32,6 +32,9 @@ from targets.haste_rec.cache_overlap import CacheStream, WriteBehind
 from targets.haste_rec.embedding_config import CPU
 from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, should_pin, to_device
 from targets.protocol import ConfigError
+
+if TYPE_CHECKING:
+    from targets.haste_rec.shared_slot_rows import SharedSlotRows
 
 
 LOAD_CHUNK_ROWS = 1 << 16  # rows per copy when warmed caches load their resident rows
@@ -176,7 +179,7 @@ class TableCaches:
         of 32 MB at width 128, where all at once would be 2.7 GB of page-locked memory at large-cached); counters
         zeroed, so that they count training's traffic only."""
         self.settle()
-        _load_occupied(self, self.row_of_slot)
+        load_occupied(self, self.row_of_slot)
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
 
     def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
@@ -345,7 +348,7 @@ class TableCaches:
     def flush(self) -> None:
         """Write every cached row back to the host (for digests and checkpoints; not counted as traffic)."""
         self.settle()
-        _write_back_occupied(self, self.row_of_slot)
+        write_back_occupied(self, self.row_of_slot)
 
     def counters(self) -> dict[str, float]:
         """hits, misses, bytes_h2d, bytes_d2h summed over the tables' caches."""
@@ -375,7 +378,7 @@ def replay_until_full(caches: Sequence["TableCaches | SharedSlotRows"], batches_
     return replayed
 
 
-def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
+def load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
     """Every occupied slot's row from the cache's host rows, LOAD_CHUNK_ROWS at a time."""
     empty = torch.zeros(0, dtype=torch.int64, device=row_of_slot.device)
     for slots in (row_of_slot >= 0).nonzero().squeeze(1).split(LOAD_CHUNK_ROWS):
@@ -383,68 +386,9 @@ def _load_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Ten
                   cache.pinned)
 
 
-def _write_back_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
+def write_back_occupied(cache: "TableCaches | SharedSlotRows", row_of_slot: torch.Tensor) -> None:
     """Every occupied slot's row back to the cache's host rows (not counted as traffic)."""
     occupied = (row_of_slot >= 0).nonzero().squeeze(1)
     empty = torch.zeros(0, dtype=torch.int64, device=row_of_slot.device)
     move_rows(cache.host_rows, cache.device_rows, RowMoves(row_of_slot[occupied], occupied, empty, empty),
               cache.device, cache.pinned)
-
-
-class SharedSlotRows:
-    """Rows of a second host array (the optimizer state) kept in the slots a ``TableCaches`` gives the same rows:
-    when both would have equal capacities and eviction, their decisions are the same, so one set of decisions
-    serves both and only the bytes move twice. A row's state is resident exactly when its weights are, so
-    ``prepare`` only reads the slots the weights' cache chose when it prepared the same rows (the lookup of the
-    step). Hits and misses are the weights' cache's; bytes are these rows' own."""
-
-    def __init__(self, leader: TableCaches, host_rows: torch.Tensor):
-        self.leader, self.host_rows = leader, host_rows
-        self.device, self.pinned = leader.device, leader.pinned
-        self.device_rows = torch.zeros(leader.device_rows.shape[0], host_rows.shape[1], dtype=host_rows.dtype,
-                                       device=leader.device)
-        self.row_bytes = host_rows.shape[1] * host_rows.element_size()
-        self.bytes_h2d = self.bytes_d2h = 0
-        self.stream, self.behind = leader.stream, leader.behind
-        leader.riders.append(self)
-
-    @property
-    def full(self) -> bool:
-        return self.leader.full
-
-    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
-        """Device slots of `unique_rows`, which the leader has made resident (``record`` is the leader's to count)."""
-        with self.stream.deciding():
-            slots = self.leader.slot_of_row.index_select(0, unique_rows.to(self.leader.index_device))
-            if bool((slots < 0).any()):  # a caller that skipped the leader's prepare would update row -1's slot
-                raise RuntimeError("optimizer state asked for rows whose weights are not in the cache: prepare the "
-                                   "weights' cache for them first")
-        self.stream.hand_over(slots)
-        return to_device(slots, self.device, self.pinned)
-
-    def move(self, moves: RowMoves) -> None:
-        self.bytes_d2h += moves.back_rows.numel() * self.row_bytes
-        self.bytes_h2d += moves.load_rows.numel() * self.row_bytes
-        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
-
-    def replay(self, unique_rows: torch.Tensor) -> None:
-        """Nothing to decide: the leader's replay places these rows too."""
-
-    def decisions(self) -> dict[str, torch.Tensor]:
-        return {}  # the leader's are these rows' too
-
-    def adopt(self, decisions: dict[str, torch.Tensor]) -> None:
-        pass
-
-    def load_resident(self) -> None:
-        self.leader.settle()
-        _load_occupied(self, self.leader.row_of_slot)
-        self.bytes_h2d = self.bytes_d2h = 0
-
-    def flush(self) -> None:
-        self.leader.settle()
-        _write_back_occupied(self, self.leader.row_of_slot)
-
-    def counters(self) -> dict[str, float]:
-        return {"hits": float(self.leader.hits), "misses": float(self.leader.misses),
-                "bytes_h2d": float(self.bytes_h2d), "bytes_d2h": float(self.bytes_d2h)}

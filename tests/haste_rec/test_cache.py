@@ -300,7 +300,7 @@ def test_planned_split_beats_uniform_on_skewed_tables(eviction: str):
 
 
 def test_riding_rows_move_with_their_leaders_and_refuse_rows_it_does_not_hold():
-    from targets.haste_rec.table_caches import SharedSlotRows
+    from targets.haste_rec.shared_slot_rows import SharedSlotRows
     weights = TableCaches(torch.arange(30, dtype=torch.float32).view(15, 2), [10, 5], [3, 2], "lru", CPU)
     state = SharedSlotRows(weights, torch.arange(15, dtype=torch.float32).view(15, 1) + 100)
     slots = weights.prepare(rows(1, 4, 9, 11, 14))
@@ -352,7 +352,7 @@ def test_a_cache_index_on_the_device_decides_as_one_on_the_host(eviction, capaci
     """Knob embedding_cache_index: the bookkeeping as kernels on the device gives the same slots, the same moves
     of the weights and of the state riding in their slots, and the same counters, from the warm-up (replay)
     through the evicting steady state."""
-    from targets.haste_rec.table_caches import SharedSlotRows
+    from targets.haste_rec.shared_slot_rows import SharedSlotRows
     cuda = torch.device("cuda")
     table_rows, row_starts = [2000, 600], [0, 2000]
     data = ZipfBatches(table_rows, [0.8, 1.2], batch_size=40, max_bag=4, seed=5)

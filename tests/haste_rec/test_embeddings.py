@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
-from targets.haste_rec.table_caches import SharedSlotRows, TableCaches
+from targets.haste_rec.shared_slot_rows import SharedSlotRows
+from targets.haste_rec.table_caches import TableCaches
 from targets.protocol import ConfigError
 from tests.haste_rec.test_cache import ZipfBatches, access_counts, one_intra_op_thread  # noqa: F401 (autouse)
 
