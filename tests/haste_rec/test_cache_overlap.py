@@ -46,12 +46,22 @@ def test_a_failed_write_back_is_raised_at_the_next_wait():
     behind.close()
 
 
+class SlowCopies(WriteBehind):
+    """Each write-back's copy "arrives" 0.3 s after it was queued: a gather that did not wait for it would read
+    the host's stale row."""
+
+    def submit(self, host, rows, values, copied):
+        gate = Gate()
+        threading.Timer(0.3, gate.opened.set).start()
+        super().submit(host, rows, values, gate)
+
+
 def test_a_gather_sees_the_rows_an_earlier_prepare_wrote_back():
     """Prepare 1 evicts row 2 from slot 0 (written behind); prepare 2 loads row 2 again into slot 1: it must
     read the written-back value, not the host's stale one."""
     host, cache = torch.zeros(4, 3), torch.zeros(2, 3)
     cache[0] = 7.0  # row 2's trained value, in slot 0
-    behind, cpu = WriteBehind(), torch.device("cpu")
+    behind, cpu = SlowCopies(), torch.device("cpu")
     empty = torch.zeros(0, dtype=torch.int64)
     move_rows(host, cache, RowMoves(torch.tensor([2]), torch.tensor([0]), torch.tensor([3]), torch.tensor([0])), cpu,
               False, behind)
