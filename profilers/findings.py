@@ -146,7 +146,8 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
         device = f", {_ms(timing.device_s)} on the device" if timing.device_s is not None else ""
         evidence = (f"{phase} takes {timing.share:.1%} of the {_ms(coarse.step_s)} step "
                     f"({_ms(timing.host_s)} on the host{device}).")
-        found.append(_finding(category, phase, None, evidence, timing.share, room, _device_fraction(timing)))
+        found.append(_finding(category, phase, None, evidence, timing.share, room,
+                              device_fraction=_device_fraction(timing)))
     return found
 
 
@@ -177,7 +178,7 @@ def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> l
                              "band allows")
         how = "fp32 as three TF32 tensor-core products"
     evidence = f"the Triton tail multiplies {how}; tail takes {tail.share:.1%} of the {_ms(coarse.step_s)} step."
-    return [_finding("fp32-products", "tail", None, evidence, tail.share, room, _device_fraction(tail))]
+    return [_finding("fp32-products", "tail", None, evidence, tail.share, room, device_fraction=_device_fraction(tail))]
 
 
 def _data_idle_share(coarse: CoarseProfile) -> float:
@@ -216,10 +217,9 @@ def _launch_finding(coarse: CoarseProfile) -> list[Finding]:
             if heaviest else "")
     evidence = (f"the device is idle {idle:.1%} of the {_ms(coarse.step_s)} step between "
                 f"{launches:.0f} kernel launches per step{waiting}{most}{work}.")
-    found = _finding("launch/host-bound", None, None, evidence, idle, room)
-    if host_work > 0:  # where the host's time goes: what a change that cuts one phase's launches can reach
-        found.host_by_phase = {name: work / host_work for name, work in work_by_phase.items()}
-    return [found]
+    # where the host's time goes: what a change that cuts one phase's launches can reach
+    by_phase = {name: work / host_work for name, work in work_by_phase.items()} if host_work > 0 else {}
+    return [_finding("launch/host-bound", None, None, evidence, idle, room, host_by_phase=by_phase)]
 
 
 def _comm_finding(coarse: CoarseProfile) -> list[Finding]:
@@ -266,10 +266,10 @@ def _kernel_finding(slot: SlotTiming, step_s: float) -> Finding | None:
 
 
 def _finding(category: str, phase: str | None, subject: str | None, evidence: str, share: float,
-             room: Headroom, device_fraction: float | None = None) -> Finding:
+             room: Headroom, **more: Any) -> Finding:
+    """A finding with its Amdahl gain; `more`: the optional fields (host_by_phase, device_fraction)."""
     return Finding(category=category, phase=phase, subject=subject, evidence=evidence, share=share,
-                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value),
-                   device_fraction=device_fraction)
+                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value), **more)
 
 
 def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],

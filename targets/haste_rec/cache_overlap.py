@@ -101,9 +101,3 @@ class WriteBehind:
             futures = [f for key in keys for f in self._pending.pop(key, [])]
         for future in futures:
             future.result()
-
-    def close(self) -> None:
-        self.wait()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

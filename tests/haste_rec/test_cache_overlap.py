@@ -35,7 +35,6 @@ def test_a_write_back_lands_once_its_copy_has_arrived_and_a_wait_names_its_table
     gate.opened.set()
     behind.wait(weights)
     assert weights[1].tolist() == [1.0, 2.0] and weights[4].tolist() == [3.0, 4.0]
-    behind.close()
 
 
 def test_a_failed_write_back_is_raised_at_the_next_wait():
@@ -43,7 +42,6 @@ def test_a_failed_write_back_is_raised_at_the_next_wait():
     behind.submit(torch.zeros(3, 2), torch.tensor([5]), torch.ones(1, 2), None)  # row 5 of 3
     with pytest.raises(IndexError):
         behind.wait()
-    behind.close()
 
 
 class SlowCopies(WriteBehind):
@@ -67,7 +65,6 @@ def test_a_gather_sees_the_rows_an_earlier_prepare_wrote_back():
               False, behind)
     move_rows(host, cache, RowMoves(empty, empty, torch.tensor([2]), torch.tensor([1])), cpu, False, behind)
     assert cache[1].tolist() == [7.0, 7.0, 7.0] and host[2].tolist() == [7.0, 7.0, 7.0]
-    behind.close()
 
 
 def test_without_cuda_the_caches_decide_on_the_callers_stream():
