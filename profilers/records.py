@@ -70,6 +70,14 @@ class OpTime(BaseModel):
     share: float = Field(description="self_s / step_s")
 
 
+# A profile whose steps ran this many times slower under the profiler than without it is distorted: its phase
+# times are the profiler's, not the step's. At large-cached on an H200 (2026-12-03) one profile ran its steps at
+# 65.67 ms against 24.66 ms without the profiler, its data phase's parallel CPU ops 10-40x slower than in the
+# profile before, and the report named that phase the furthest from its floor; the run's other profiles were
+# within x1.14 (x1.30 in session 21's).
+DISTORTED_OVERHEAD = 1.5
+
+
 class CoarseProfile(BaseModel):
     """torch.profiler over whole training steps: where the step's time goes, per phase and per op."""
 
@@ -82,6 +90,9 @@ class CoarseProfile(BaseModel):
     unprofiled_step_s: float = Field(description="the same number of steps without the profiler, the mean of "
                                                  "a window just before and one just after")
     profiler_overhead: float = Field(description="step_s / unprofiled_step_s")
+    overheads_tried: list[float] = Field(default_factory=list, description=(
+        "the overhead of every profiled window tried, in order: a distorted one (over DISTORTED_OVERHEAD) is "
+        "profiled again and the least distorted kept"))
     phases: dict[str, PhaseTime]
     attributed_share: float = Field(description="host time inside named phases / the step's host time "
                                                 "(median over the profiled steps)")
@@ -111,6 +122,15 @@ class CoarseProfile(BaseModel):
     comm_share: float | None = Field(None, description="comm_s / step_s")
     final_loss: float
     trace_path: str | None = None
+
+    def distortion_note(self) -> str | None:
+        """A sentence saying the profile is distorted (its phase times overstate the step's), or None."""
+        if self.profiler_overhead <= DISTORTED_OVERHEAD:
+            return None
+        tried = len(self.overheads_tried)
+        kept = f"; the least distorted of {tried} windows" if tried > 1 else ""
+        return (f"the profiler made its steps x{self.profiler_overhead:.2f} slower ({1e3 * self.step_s:.2f} against "
+                f"{1e3 * self.unprofiled_step_s:.2f} ms without it{kept}), so its phase times overstate the step's")
 
 
 # ----------------------------------------------------------------------------- ranks

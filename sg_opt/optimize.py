@@ -153,6 +153,8 @@ class LiveView:
                 line = f"baseline {record['step_ms']:.2f} ms/step, noise floor {100 * record['noise_floor']:.1f}%"
             elif kind == "report":
                 line = f"report written; stopped by {record.get('stop_reason')}"
+            elif record.get("distorted"):
+                line = f"the incumbent's profile is distorted: {record['distorted']}"
         if self.live is not None:
             self.live.update(self._render())
         elif line is not None:

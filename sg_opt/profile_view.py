@@ -58,6 +58,8 @@ def render(result: ProfileResult, console: Console) -> None:
                   f"{_ms(coarse.step_s)} ms per profiled step, {_ms(coarse.unprofiled_step_s)} ms without the "
                   f"profiler (overhead x{coarse.profiler_overhead:.2f}); {100 * coarse.attributed_share:.1f}% of "
                   f"the step in named phases{comm}")
+    if (distorted := coarse.distortion_note()) is not None:
+        console.print(f"[yellow]distorted profile[/]: {distorted}")
     if result.ranks:
         _render_ranks(result.ranks, result.main_rank, console)
     phases = Table(title="phases (per step)")

@@ -226,9 +226,17 @@ def floor_lines(s: Summary) -> list[str]:
         cells = [f"{p.phases_ms.get(name, 0.0):.2f} ({p.floor_ms.get(name, 0.0):.4f}, "
                  f"{over_floor_text(p.phases_ms.get(name), p.floor_ms.get(name))})" for p in cols]
         lines.append(f"| {name} | {last.floor_bound.get(name, '-')} | " + " | ".join(cells) + " |")
-    lines += [""] + [f"- {p.label}: {p.floor_note}." for p in cols if p.floor_note]
-    lines += [f"- {note}." for note in (final_over_floor(s), host_bound_note(s)) if note is not None]
+    lines += [""] + [f"- {note}." for note in floor_notes(s)]
     return lines
+
+
+def floor_notes(s: Summary) -> list[str]:
+    """The sentences under the floor table: each column's step against its floor and, where the profiler distorted
+    it, that; then the final step against the floor and whether the host holds the step back."""
+    notes = []
+    for p in floor_columns(s):
+        notes += [f"{p.label}: {note}" for note in (p.floor_note, p.distortion_note) if note]
+    return notes + [note for note in (final_over_floor(s), host_bound_note(s)) if note is not None]
 
 
 HOST_BOUND_SHARE = 0.9  # host work (not waiting on the device) over this share of the step: the host sets its pace
@@ -240,6 +248,8 @@ def host_bound_note(s: Summary) -> str | None:
     cols = floor_columns(s)
     last = cols[-1] if cols else None
     if last is None or not s.device.startswith("cuda") or not last.host_work_ms or not last.step_ms:
+        return None
+    if last.distortion_note:  # the profiler's own slowdown would read as host work
         return None
     host = sum(last.host_work_ms.values())
     if host < HOST_BOUND_SHARE * last.step_ms:

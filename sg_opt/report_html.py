@@ -13,8 +13,8 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, final_over_floor, floor_columns, floor_text,
-                           host_bound_note, host_line, machine_rows, numerics_line, over_floor_text, ratio_text,
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, floor_notes, floor_text,
+                           host_line, machine_rows, numerics_line, over_floor_text, ratio_text,
                            result_line, spend_line, status_line, step_text, time_line, verdict_text)
 from sg_opt.summary import Summary
 
@@ -144,9 +144,7 @@ def _floor(s: Summary) -> str:
             row += [f"{measured or 0.0:.2f}", f"{floor or 0.0:.4f}", over_floor_text(measured, floor)]
         rows.append(row)
     headers = ["phase", "bound"] + [f"{p.label} {h}" for p in cols for h in ("ms", "floor ms", "over floor")]
-    notes = "".join(f"<p>{escape(p.label)}: {escape(p.floor_note)}.</p>" for p in cols if p.floor_note)
-    notes += "".join(f"<p>{escape(note[0].upper() + note[1:])}.</p>"
-                     for note in (final_over_floor(s), host_bound_note(s)) if note is not None)
+    notes = "".join(f"<p>{escape(note[0].upper() + note[1:])}.</p>" for note in floor_notes(s))
     return section("floor", "Against the hardware floor",
                    "<p>Each phase's floor is its least work (FLOPs, device bytes, host-device bytes) at the measured "
                    "ceilings; measured is phase share x profiled step time.</p>",

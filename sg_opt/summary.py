@@ -115,6 +115,8 @@ class PhaseBreakdown(BaseModel):
     floor_note: str | None = Field(None, description="the step against its floor, and the phase furthest from it")
     ranks_note: str | None = Field(None, description="a profile of several ranks: whose profile this is, and each "
                                                      "rank's share of the step in collectives")
+    distortion_note: str | None = Field(None, description="the profiler slowed this profile's steps past "
+                                        "profilers.records.DISTORTED_OVERHEAD: its phase times overstate the step's")
 
 
 class RooflinePoint(BaseModel):
@@ -318,7 +320,8 @@ def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> l
         rows.append(PhaseBreakdown(label=label, profile=_relative(run_dir, path), step_ms=1e3 * coarse.step_s,
                                    unprofiled_step_ms=1e3 * coarse.unprofiled_step_s, phases_ms=phases, **host,
                                    other_ms=max(1e3 * coarse.step_s - sum(phases.values()), 0.0),
-                                   ranks_note=ranks_sentence(result), **floors))
+                                   ranks_note=ranks_sentence(result), distortion_note=coarse.distortion_note(),
+                                   **floors))
     return rows
 
 

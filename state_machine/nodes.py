@@ -149,7 +149,8 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if not result.ok:
         ctx.event(state.run_dir, "diagnose-failed", reason=_failure_text(result))
         return {**updates, "findings": [], "profiles": state.profiles + [path]}
-    ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]])
+    ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]],
+              distorted=result.coarse.distortion_note() if result.coarse is not None else None)
     return {**updates, "findings": result.findings, "profiles": state.profiles + [path]}
 
 

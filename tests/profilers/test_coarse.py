@@ -3,6 +3,7 @@ a valid Chrome trace), and its device-side attribution on a synthetic CUDA timel
 
 import json
 import math
+import time
 from collections import namedtuple
 from types import SimpleNamespace
 
@@ -11,7 +12,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import Interval
 
-from profilers.coarse import STEP_RANGE, PhaseIndex, _Window, device_kind, memcpy_bytes, profile_session, union_length
+from profilers.coarse import (PROFILE_TRIES, STEP_RANGE, PhaseIndex, _Window, device_kind, least_distorted_window,
+                              memcpy_bytes, profile_session, union_length)
+from profilers.records import DISTORTED_OVERHEAD
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.session import PHASES
 from targets.haste_rec.target import build
@@ -230,3 +233,49 @@ def test_each_host_wait_is_named_by_the_op_that_made_it():
         ("backward", "cudaMemcpyAsync", "cudaMemcpyAsync")]
     assert [w.wait_s for w in waits] == pytest.approx([10e-6, 5e-6, 2e-6]) and waits[0].calls == 0.5
     assert len(window.host_waits(window.index(), steps=2, limit=1)) == 1
+
+
+class _SlowUnderProfiler:
+    """A session whose steps take ``slow_s`` under the profiler in its first ``distorted`` profiled windows and
+    ``fast_s`` otherwise: a profiler that distorts some windows and not others."""
+
+    phase_names = ("step",)
+
+    def __init__(self, distorted: int, fast_s: float = 0.005, slow_s: float = 0.02):
+        self.distorted, self.fast_s, self.slow_s = distorted, fast_s, slow_s
+        self.windows, self._in_profiler = 0, False
+
+    def step(self) -> torch.Tensor:
+        profiling = torch.autograd._profiler_enabled()
+        if profiling and not self._in_profiler:
+            self.windows += 1
+        self._in_profiler = profiling
+        time.sleep(self.slow_s if profiling and self.windows <= self.distorted else self.fast_s)
+        return torch.tensor(1.0)
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+
+@pytest.mark.parametrize("distorted, tried", [(0, 1), (1, 2), (5, PROFILE_TRIES)])
+def test_a_distorted_window_is_profiled_again_and_the_least_distorted_kept(distorted, tried):
+    session = _SlowUnderProfiler(distorted)
+    kept, overheads = least_distorted_window(session, torch.device("cpu"), steps=3)
+    assert len(overheads) == tried == session.windows
+    assert kept.overhead == min(overheads)
+    assert all(o > DISTORTED_OVERHEAD for o in overheads[:min(distorted, tried)])
+    if distorted < tried:
+        assert kept.overhead <= DISTORTED_OVERHEAD  # the undistorted window is the one kept
+    else:
+        assert kept.overhead > DISTORTED_OVERHEAD  # every window distorted: the least of them, and it says so
+
+
+def test_a_distorted_profile_says_so_and_an_undistorted_one_does_not(cpu_profile):
+    profile, _ = cpu_profile
+    assert min(profile.overheads_tried) == pytest.approx(profile.profiler_overhead)
+    clean = profile.model_copy(update={"profiler_overhead": 1.1, "overheads_tried": [1.1]})
+    assert clean.distortion_note() is None
+    bad = profile.model_copy(update={"profiler_overhead": 2.66, "overheads_tried": [2.9, 2.66, 3.1],
+                                     "step_s": 0.06567, "unprofiled_step_s": 0.02466})
+    assert bad.distortion_note() == ("the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it; "
+                                     "the least distorted of 3 windows), so its phase times overstate the step's")

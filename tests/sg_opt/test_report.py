@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape
 import shutil
 from pathlib import Path
 
@@ -279,3 +280,18 @@ def test_the_report_counts_the_measurements_whose_workers_started_during_validat
     assert w.started_ahead == 2
     line = time_line(SimpleNamespace(wall_s=60.0, node_s={}, worker_startup=w))
     assert line.endswith("2 measurement(s) found their workers started during the candidate's validation.")
+
+
+def test_a_distorted_profile_is_named_and_not_read_as_host_work():
+    """The session-22 `large-cached` run on an H200: its profile after #12 ran its steps at 65.67 ms under the
+    profiler against 24.66 ms without it, and its data phase's CPU ops 10-40x slower than the profile before.
+    The report says so under the floor table, and does not call the step host-bound on that profile's word."""
+    s = Summary.model_validate_json((FIXTURES / "h200_large_cached_s22_summary.json").read_text())
+    assert [p.distortion_note is not None for p in s.phases] == [False] * (len(s.phases) - 1) + [True]
+    sentence = ("after #12: the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it), so its "
+                "phase times overstate the step's")
+    md, html = report_markdown(s), render_html(s)
+    assert f"- {sentence}." in md and escape(sentence[0].upper() + sentence[1:]) in html
+    assert "host-bound" not in md
+    undistorted = s.phases[-1].model_copy(update={"distortion_note": None})
+    assert "host-bound" in report_markdown(s.model_copy(update={"phases": [*s.phases[:-1], undistorted]}))
