@@ -20,12 +20,12 @@ import torch
 from targets.digest import sequence_digest  # noqa: F401  (the digest a Session's param_digest returns)
 
 NumericsClass = Literal["exact", "reorder", "precision", "model"]
-Category = Literal["precision", "kernel", "embedding", "data", "compile", "memory", "model"]
+Category = Literal["precision", "kernel", "embedding", "data", "host", "compile", "memory", "distributed", "model"]
 KnobKind = Literal["choice", "bool", "int", "float"]
 
 NUMERICS_CLASSES: tuple[str, ...] = ("exact", "reorder", "precision", "model")
-CATEGORIES: tuple[str, ...] = ("precision", "kernel", "embedding", "data", "compile", "memory", "distributed",
-                                "model")
+CATEGORIES: tuple[str, ...] = ("precision", "kernel", "embedding", "data", "host", "compile", "memory",
+                                "distributed", "model")
 
 
 class ConfigError(ValueError):

@@ -61,7 +61,7 @@ from targets.protocol import ConfigError, Knob, KnobSpace
 GENERIC_PLAUSIBILITY = 0.15
 NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
-HOST_SIDE = ("data", "compile")  # knob categories that shorten a GPU step's host side (batches, launches)
+HOST_SIDE = ("data", "host", "compile")  # knob categories that shorten a GPU step's host side (batches, launches)
 HOST_AND_DEVICE = "offline:host-and-device"  # the proposer of a leaning host change joined to a leaning device one
 
 
@@ -169,6 +169,11 @@ CATALOG: tuple[Rule, ...] = (
          "faster (sg-opt bench --vs, 2026-12-02)", devices=("cuda",),
          requires={"embedding_placement": ("cached",), "embedding_cache_index": ("device",),
                    "embedding_cache_overlap": (False,)}, host_phases=("embed",)),
+    Rule("fewer-host-threads", ("launch/host-bound", "embedding-bound"), {"host_threads": "half"}, 0.2,
+         "half the trainer's CPU threads: beside a GPU its team has a thread on every CPU of a 16-core host, and stalls "
+         "at every parallel op's end while a loader worker, a driver or pinning thread takes one of them (on the "
+         "32-core host, 32 threads stepped in 216 ms median against 117 with 16, 2026-11-29)", devices=("cuda",),
+         requires={"host_threads": ("auto",)}, host_phases=("embed",)),  # launches run on one thread anyway
     Rule("planned-cache", ("cache-misses",), {"embedding_cache_plan": "planned"}, 0.6,
          "split the cache by measured access frequencies"),
     Rule("lfu-cache", ("cache-misses",), {"embedding_eviction": "lfu"}, 0.4, "keep the stable Zipf head cached"),
@@ -190,12 +195,13 @@ STEPS_FORWARD: dict[tuple[str, str], tuple[Any, ...]] = {
     (name, repr(value)): rule.requires[name] for rule in CATALOG for name, value in rule.patch.items()
     if name in rule.requires}
 
-# Finding category -> knob categories the generic fallback sweeps for it. Launch gaps: compile only (tile
-# sizes cut no launches; optimizer_impl and embedding_backend are swept for their own phases' findings).
+# Finding category -> knob categories the generic fallback sweeps for it. Launch gaps: compile and the host's
+# threads only (tile sizes cut no launches; optimizer_impl and embedding_backend are swept for their own phases'
+# findings).
 CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
-    "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
+    "data-wait": ("data", "host"), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
     "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
-    "launch/host-bound": ("compile",), "cache-misses": ("embedding",),
+    "launch/host-bound": ("compile", "host"), "cache-misses": ("embedding",),
     "memory-bound kernel": ("kernel", "precision"), "compute-bound kernel": ("kernel", "precision"),
     "communication": ("distributed",), "fp32-products": (),  # only the precision rules answer it
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from targets.haste_rec.host_threads import HOST_THREADS
 from targets.protocol import Constraint, Knob, KnobSpace
 
 PRESET = "preset"  # a model-shape knob at this value takes the size preset's number
@@ -131,6 +132,11 @@ KNOBS = (
              "packs the batch into one byte buffer: one pin, hand-over and copy instead of one per "
              "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process; a "
              "sharded run exchanges per-table ids and ignores it)"),
+    Knob("host_threads", "choice", "auto", category="host", numerics="reorder", choices=HOST_THREADS,
+         why="the trainer's intra-op CPU threads: the worker's count (one per CPU on the CPU, at most 16 beside a "
+             "GPU), half or a quarter of it. A team with a thread on every CPU stalls at each parallel op's end "
+             "whenever another thread takes one of its CPUs; fewer threads parallelise each host op less (reorder: "
+             "CPU reductions split over fewer threads)"),
     Knob("compile_encoder", "bool", False, category="compile", numerics="reorder",
          why="torch.compile fuses the encoder's elementwise ops into its matmuls; costs compile time at start"),
     Knob("dense_cuda_graph", "bool", False, category="compile", numerics="reorder",

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
+from targets.haste_rec.host_threads import apply_host_threads
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import synthetic_data
 from targets.haste_rec.session import PHASES, HasteRecSession
@@ -41,6 +42,7 @@ def training_data(size: str, seed: int, data: str | None = None):
 def build(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device | str,
           seed: int = 0, data: str | None = None) -> HasteRecSession:
     source, preset = training_data(size, seed, data)
+    apply_host_threads(config["host_threads"])
     return HasteRecSession(source, preset, config, kernels, torch.device(device), seed)
 
 
@@ -54,6 +56,7 @@ def build_ranked(config: Mapping[str, Any], size: str, kernels: Mapping[str, Cal
 
     source, preset = training_data(size, seed, data)
     plan = ShardingPlan(job.world_size, preset.num_tables, config["embedding_sharding"], config["tail_sharding"])
+    apply_host_threads(config["host_threads"])
     return ShardedSession(source, preset, config, kernels, plan, with_embedding_group(job), seed)
 
 

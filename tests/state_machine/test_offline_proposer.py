@@ -207,7 +207,7 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
                                                    "offline:host-pooling", "offline:loader-workers",
                                                    "offline:packed-batches", "offline:loader-ring"]
     first_sweep = next(i for i, p in enumerate(proposals) if p.proposer == "offline:sweep")
-    assert first_sweep == 9  # the nine rules the findings still trigger go first
+    assert first_sweep == 10  # the ten rules the findings still trigger go first
     assert [p.proposer for p in proposals[6:9]] == ["offline:loader-workers-4", "offline:dense-cuda-graph",
                                                     "offline:triton-embeddings"]
 
@@ -439,3 +439,22 @@ def test_the_s20_large_cached_run_after_the_device_index_overlaps_the_cache_next
     assert proposals[0].patch == {"embedding_cache_overlap": True}
     assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in proposals[:5]]
     assert all("embedding_pool_on_host" not in p.patch for p in proposals)
+
+
+def test_halving_the_host_threads_is_proposed_on_a_gpu_where_embed_works_the_host(state, ctx):
+    """On the same replay, the trainer's CPU threads are halved once, after the cache overlap (whose evidence is
+    that step's own wait) and never on a CPU, where the threads do the math; an incumbent that already set them
+    gets no such proposal."""
+    history = [(1, {"tail_backend": "triton-fused-loss"}, True, 0.656),
+               (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.475),
+               (3, {"embedding_cache_index": "device"}, True, 0.676)]
+    at = replayed(state, ctx, "h200_large_cached_s20_after_3.json", "large-cached", LARGE_CACHED_BASE, history)
+    patches = [p.patch for p in propose_offline(at, ctx, limit=200)]
+    assert patches.index({"host_threads": "half"}) > patches.index({"embedding_cache_overlap": True})
+    assert [p for p in patches if "host_threads" in p and p != {"host_threads": "half"}] == [{"host_threads": "quarter"}]
+    on_cpu = at.model_copy(update={"device": "cpu"})
+    assert {"host_threads": "half"} not in [p.patch for p in propose_offline(on_cpu, ctx, limit=200)
+                                            if p.proposer == "offline:fewer-host-threads"]
+    halved = at.model_copy(update={"incumbent": at.incumbent.model_copy(
+        update={"config": {**at.incumbent.config, "host_threads": "half"}})})
+    assert not any(p.proposer == "offline:fewer-host-threads" for p in propose_offline(halved, ctx, limit=200))
