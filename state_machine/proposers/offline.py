@@ -22,9 +22,11 @@ own target is searched too.
 
 Learning within the run: a change that was rejected is not proposed again, nor any part of it (a
 rejected ``{a, b}`` rules out ``{a}``), but a larger change that holds it is: host tables with a fused
-update can be slower while the device cache with the same fused update is SparseGear's fast path. Two
+update can be slower while the device cache with the same fused update is SparseGear's fast path. Three
 exceptions (``_retryable``): a change that measured no-difference while leaning faster (ratio below 1) is
-tried once more when the run has since made the incumbent ``RETRY_AFTER`` times faster; and one that broke
+tried once more when the run has since made the incumbent ``RETRY_AFTER`` times faster; one that measured
+no-difference, once a later accepted change set a knob of its category (loader workers after pinned memory:
+``_changed_under``); and one that broke
 its numerics bands is tried once more when the incumbent has since taken a change of a looser class, under
 which every later candidate is judged (at `xl`, the fused Triton tail before and after TF32 matmuls; as it
 broke the precision band there too, its tl.dot in TF32 as well, it also comes with 3xTF32 products). What
@@ -229,6 +231,7 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
 
     - timed no-difference with a ratio below 1 against an incumbent that the run has since made ``RETRY_AFTER``
       times faster (by the estimated speedups);
+    - timed no-difference (not slower) before an accepted change of the same knob category (``_changed_under``);
     - broken numerics under a class stricter than the one the same patch is held to now: every candidate is
       held to the loosest promise among its changes from the baseline (``specs.numerics_class``), so a patch
       tried before the incumbent took a precision change (TF32 matmuls) was held to the reorder bands, and the
@@ -248,6 +251,11 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
             again[_pairs(e.candidate.patch)] = (
                 f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) against an incumbent "
                 f"the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
+        elif v.stage == "measure" and v.ratio is not None and (v.ci_low if v.ci_low is not None else v.ratio) < 1.0 \
+                and (later := _changed_under(state, space, e)) is not None:
+            again[_pairs(e.candidate.patch)] = (
+                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
+                f"{later.candidate.id} ({later.candidate.change()}) changed the same part of the step under it")
         elif v.stage == "validate" and v.numerics_class in NUMERICS_ORDER:
             try:
                 resolved = space.resolve({**state.incumbent.config, **e.candidate.patch})
@@ -260,6 +268,19 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
                     f"the incumbent, which has since taken a {held_to} change, the same patch is held to the "
                     f"{held_to} bands, as every candidate after that change is")
     return again
+
+
+def _changed_under(state: RunState, space: KnobSpace, rejected: Evaluated) -> Evaluated | None:
+    """The first change accepted after ``rejected`` that sets another knob of the same category (the same part of
+    the step: the data path, the embeddings' store, ...), if any; one that set the same knob decided it. Such knobs
+    work together: at large-cached on an H200
+    two loader workers measured 1.014 (no difference) before pinned memory was accepted (2026-12-03), 0.837 on top
+    of it (2026-12-02), where the workers' batches reach the device through pinned slots."""
+    names, tried = {k.name for k in space}, set(rejected.candidate.patch)
+    categories = {space[k].category for k in tried if k in names}
+    after = state.history[state.history.index(rejected) + 1:]
+    return next((e for e in after if e.verdict.accepted and not e.candidate.kernels
+                 and categories & {space[k].category for k in set(e.candidate.patch) - tried if k in names}), None)
 
 
 def _tried(state: RunState, space: KnobSpace,

@@ -331,18 +331,21 @@ S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h20
 def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(state, ctx):
     """Replayed on the real profile of the session-12 `large` run after its last win (#8, packed batches: 7.4 ms
     of host data work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers
-    (0.968) each leaned faster alone, and come back as one candidate, right after the last data rule; sessions
-    8-10 accepted both, one by one, when the step was still device-bound."""
+    (0.968) each leaned faster alone, and come back as one candidate, right after the data rules; sessions
+    8-10 accepted both, one by one, when the step was still device-bound. The two workers come first, alone: they
+    measured no difference before packed batches (#8) changed the data path under them."""
     at = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:3]] == ["offline:loader-workers-4", "offline:host-and-device",
-                                                   "offline:host-and-device"]
-    pair = proposals[1]
+    assert [p.proposer for p in proposals[:4]] == ["offline:loader-workers", "offline:loader-workers-4",
+                                                   "offline:host-and-device", "offline:host-and-device"]
+    assert proposals[0].rationale.startswith("tried again: candidate #7 measured 0.968 (rejected: as in that run) "
+                                             "before #8 (pack_batches=True) changed the same part of the step")
+    pair = proposals[2]
     assert pair.patch == {"data_workers": 2, "tail_fp32_dot": "tf32x3"}
     assert pair.expected_gain == pytest.approx(1 / (0.933 * 0.968))
     assert pair.rationale.startswith("#7 (data_workers=2, host side) leaned 0.968 and #3 (tail_fp32_dot=tf32x3, "
                                      "device side) 0.933")
-    assert proposals[2].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
+    assert proposals[3].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
     # rejected together: not again, but the next pair still comes, and the pair kept its parts' retries
     tried = at.model_copy(update={"history": at.history + [Evaluated(
         candidate=candidate(9, patch=pair.patch, proposer="offline:host-and-device"), incumbent_id=8,
@@ -458,3 +461,34 @@ def test_halving_the_host_threads_is_proposed_on_a_gpu_where_embed_works_the_hos
     halved = at.model_copy(update={"incumbent": at.incumbent.model_copy(
         update={"config": {**at.incumbent.config, "host_threads": "half"}})})
     assert not any(p.proposer == "offline:fewer-host-threads" for p in propose_offline(halved, ctx, limit=200))
+
+
+S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s22/)
+    (1, {"tail_backend": "triton-fused-loss"}, True, 0.611),
+    (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.471),
+    (3, {"embedding_cache_index": "device"}, True, 0.627), (4, {"tail_fp32_dot": "tf32x3"}, False, 0.995),
+    (5, {"embedding_cache_overlap": True}, False, 0.926), (6, {"data_workers": 2}, False, 1.014),
+    (7, {"tail_fp32_dot": "tf32"}, False, 0.956), (8, {"precision": "bf16-autocast"}, False, "precision"),
+    (9, {"matmul_precision": "high"}, False, "precision"), (10, {"pack_batches": True}, False, 0.954),
+    (11, {"pack_batches": True, "embedding_cache_overlap": True}, False, 0.962),
+    (12, {"pin_memory": True}, True, 0.894)]
+
+
+def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_before_it_come_again(state, ctx):
+    """Replayed on the real profile of session 22's `large-cached` run after its last win (#12, pinned memory),
+    with its history: two loader workers had measured 1.014 (interval 0.970-1.027) before pinning, and packed
+    batches 0.954; session 20 accepted the workers after pinning (0.837). Both come back first, for the data phase
+    that profile blamed; the overlap (an embedding knob, untouched since) does not, and neither does 3xTF32."""
+    at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
+                  S22_LARGE_CACHED_HISTORY)
+    workers = at.history[5]
+    at.history[5] = workers.model_copy(update={"verdict": workers.verdict.model_copy(
+        update={"ci_low": 0.970, "ci_high": 1.027})})
+    proposals = propose_offline(at, ctx, limit=200)
+    assert [p.patch for p in proposals[:2]] == [{"data_workers": 2}, {"pack_batches": True}]
+    assert proposals[0].rationale.startswith("tried again: candidate #6 measured 1.014 (rejected: as in that run) "
+                                             "before #12 (pin_memory=True) changed the same part of the step")
+    patches = [p.patch for p in proposals]
+    assert {"embedding_cache_overlap": True} not in patches and {"tail_fp32_dot": "tf32x3"} not in patches
+    at.history[5] = workers  # shown slower (no interval: the ratio, 1.014) it stays out
+    assert {"data_workers": 2} not in [p.patch for p in propose_offline(at, ctx, limit=200)]
