@@ -4,7 +4,10 @@
 #
 # 1. gpu_tests.txt: the GPU tests TESTS names (pytest paths).
 # 2. profile_{plain,with}.txt: `sg-opt profile` of BASE (a best_config.toml), without and with SET.
-# 3. bench_vs.txt: `sg-opt bench --vs`, BASE with SET against BASE, BLOCKS interleaved blocks a side.
+# 3. bench_vs.txt: `sg-opt bench --vs`, BASE with SET against BASE, BLOCKS interleaved blocks a side; its A/A runs
+#    are BASE's noise.
+# 4. aa_with.txt (part "aa", not run by default): the same with SET on both sides: its A/A runs are the noise of
+#    the configuration with SET, for a knob that may steady the step itself (host_threads).
 # PARTS picks and orders them (default "tests profile bench"). SET is one TOML line of the [knobs] table.
 # Usage: OUT=/dir SET='host_threads = "half"' [BASE=docs/results/.../best_config.toml] [SIZE=large-cached] \
 #        [BLOCKS=10] [TESTS="tests/haste_rec/test_host_threads.py"] [PARTS=...] bash benchmarks/h200_knob_ab.sh
@@ -41,6 +44,13 @@ bench() {
     timeout 400 python3 -m sg_opt.cli bench --size "$SIZE" --device cuda --config "$WITH" --vs "$BASE" \
         --blocks "$BLOCKS" > "$OUT/bench_vs.txt" 2>&1
     tail -15 "$OUT/bench_vs.txt"
+}
+
+aa() {
+    echo "== 4. A/A with the knob"
+    timeout 400 python3 -m sg_opt.cli bench --size "$SIZE" --device cuda --config "$WITH" --vs "$WITH" \
+        --blocks "$BLOCKS" > "$OUT/aa_with.txt" 2>&1
+    grep "A/A run" "$OUT/aa_with.txt"
 }
 
 for part in ${PARTS:-tests profile bench}; do "$part"; done
