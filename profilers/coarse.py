@@ -379,17 +379,29 @@ def _profiled_window(session: Session, device: torch.device, steps: int) -> _Tri
     return _Tried(prof, profiled_s, (unprofiled_before + unprofiled_after) / 2, values, before, after)
 
 
+def _worst_over_ranks(value: float, device: torch.device) -> float:
+    """The largest ``value`` over the ranks of a torch.distributed job (``value`` itself in one process): the ranks
+    profile the same steps, collectives included, so they must agree on profiling another window."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    worst = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst.item())
+
+
 def least_distorted_window(session: Session, device: torch.device, steps: int,
                            tries: int = PROFILE_TRIES) -> tuple[_Tried, list[float]]:
     """A profiled window whose overhead is at most DISTORTED_OVERHEAD, or the least distorted of ``tries``;
-    with the overhead of every window tried, in order."""
-    kept, overheads = None, []
+    with the overhead of every window tried, in order. On several ranks a window counts as distorted when it is
+    on any rank, and every rank keeps the same window."""
+    kept, kept_worst, overheads = None, float("inf"), []
     for _ in range(max(1, tries)):
         tried = _profiled_window(session, device, steps)
         overheads.append(tried.overhead)
-        if kept is None or tried.overhead < kept.overhead:
-            kept = tried
-        if kept.overhead <= DISTORTED_OVERHEAD:
+        worst = _worst_over_ranks(tried.overhead, device)
+        if worst < kept_worst:
+            kept, kept_worst = tried, worst
+        if kept_worst <= DISTORTED_OVERHEAD:
             break
     return kept, overheads
 

@@ -279,3 +279,26 @@ def test_a_distorted_profile_says_so_and_an_undistorted_one_does_not(cpu_profile
                                      "step_s": 0.06567, "unprofiled_step_s": 0.02466})
     assert bad.distortion_note() == ("the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it; "
                                      "the least distorted of 3 windows), so its phase times overstate the step's")
+
+
+def _rank_windows(rank: int, world: int, init: str, out: str) -> None:
+    """One rank of a gloo job whose session is distorted in its first window on rank 0 only."""
+    import datetime
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    _, overheads = least_distorted_window(_SlowUnderProfiler(distorted=1 if rank == 0 else 0), torch.device("cpu"),
+                                          steps=3)
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(str(len(overheads)))
+
+
+def test_ranks_agree_to_profile_another_window_when_one_of_them_is_distorted(tmp_path):
+    """Rank 0's first window is distorted, rank 1's is not: both profile a second one (in a real ranked step a
+    rank that stopped would leave the other waiting in a collective), and neither a third."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_windows, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path / "windows")), nprocs=2)
+    assert [(tmp_path / f"windows.{rank}").read_text() for rank in (0, 1)] == ["2", "2"]
