@@ -133,7 +133,7 @@ KNOBS = (
              "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process; a "
              "sharded run exchanges per-table ids and ignores it)"),
     Knob("host_threads", "choice", "auto", category="host", numerics="reorder", choices=HOST_THREADS,
-         why="the trainer's intra-op CPU threads: the worker's count (one per CPU on the CPU, at most 16 beside a "
+         why="the trainer's intra-op CPU threads: the worker's count (torch's own on a CPU run, at most 16 beside a "
              "GPU), half or a quarter of it. A team with a thread on every CPU stalls at each parallel op's end "
              "whenever another thread takes one of its CPUs; fewer threads parallelise each host op less (reorder: "
              "CPU reductions split over fewer threads)"),
