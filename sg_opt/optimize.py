@@ -141,6 +141,8 @@ class LiveView:
             line = f"#{record['id']} numerics hold ({record['numerics_class']}){took}; timing it"
         elif kind == "paused":
             line = f"paused before {record['node']}: {record['reason']}"
+        elif kind == "profile-disturbed":
+            line = f"the incumbent's profile was disturbed: {record['reason']}"
         elif kind == "numerics-retry":
             line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
                     f"{record['reason']}); once more without them")

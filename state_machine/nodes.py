@@ -25,6 +25,7 @@ from state_machine.proposers.offline import propose_offline
 from state_machine.proposers.tpe import propose_tpe
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
                                  config_digest, incumbent_request, numerics_class, write_json)
+from state_machine.steady_profile import expected_step_ms, steadiest_profile
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
                                  RunState, Verdict)
 from state_machine.time_budget import out_of_time
@@ -144,7 +145,12 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     spec = incumbent_request(state, "bench")
     req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
                          fine=state.plan.fine_profile)
-    result = run_profile(req, timeout_s=state.plan.timeout_s)
+
+    def disturbed(slowdown: float) -> None:
+        ctx.event(state.run_dir, "profile-disturbed", slowdown=slowdown,
+                  reason=f"its steps ran x{slowdown:.2f} slower without the profiler than measured; profiled again")
+    expected = expected_step_ms(state, updates.get("recalibrations", state.recalibrations))
+    result = steadiest_profile(lambda: run_profile(req, timeout_s=state.plan.timeout_s), expected, disturbed)
     path = write_json(_dir(state, "profiles", f"{len(state.profiles):02d}.json"), result)
     if not result.ok:
         ctx.event(state.run_dir, "diagnose-failed", reason=_failure_text(result))

@@ -19,6 +19,8 @@ EVENTS = [
      "build_s": 36.1, "stage_s": {"steps": 2.0, "probe": 0.4, "digest": 2.5}},
     {"event": "decide", "id": 1, "accepted": True, "stage": "measure", "reason": "faster twice"},
     {"event": "recalibrate", "after": 1, "step_ms": 124.8, "noise_floor": 0.0165},
+    {"event": "profile-disturbed", "slowdown": 1.79, "reason": "its steps ran x1.79 slower without the profiler than "
+                                                               "measured; profiled again"},
     {"event": "diagnose", "distorted": "the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it)"},
     {"event": "propose", "id": 2, "patch": {"data_workers": 2}, "kernels": []},
     {"event": "decide", "id": 2, "accepted": False, "stage": "measure", "reason": "no-difference"},
@@ -49,6 +51,8 @@ def test_a_log_gets_a_line_per_event_as_it_happens():
                      "#1 numerics hold (reorder) after 41 s (build 36 s); timing it",
                      "#1 accepted: faster twice",
                      "noise floor 1.7% on the incumbent after #1 (124.80 ms/step)",
+                     "the incumbent's profile was disturbed: its steps ran x1.79 slower without the profiler than "
+                     "measured; profiled again",
                      "the incumbent's profile is distorted: the profiler made its steps x2.66 slower (65.67 against "
                      "24.66 ms without it)",
                      "evaluating #2 {'data_workers': 2}",
