@@ -44,7 +44,8 @@ expected to gain the product of their speedups. At `large` on an H200 (2026-11-3
 with 13.6 ms of host work in a 15.3 ms profiled step and 8.7 ms of tail on the device) 3xTF32 leaned 0.933
 and two loader workers 0.968; before the step lost a device sync (about 25 ms, device-bound) each had been
 a win alone (0.68-0.78 and 0.73-0.77), and runs holding both reached 8.8-10.3 ms. Such a pair's rejection
-does not rule out its parts.
+does not rule out its parts. The same reasoning on any device: once at least three changes have leaned faster
+without clearing the noise floor, all of them are proposed as one (``_bundle_proposals``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
 HOST_SIDE = ("data", "host", "compile")  # knob categories that shorten a GPU step's host side (batches, launches)
 HOST_AND_DEVICE = "offline:host-and-device"  # the proposer of a leaning host change joined to a leaning device one
+LEANING_BUNDLE = "offline:leaning-bundle"  # the proposer of every leaning change at once
+JOINED = (HOST_AND_DEVICE, LEANING_BUNDLE)  # proposers whose rejection does not rule out the parts they joined
+BUNDLE_MIN = 3  # leaning changes a bundle joins at least (two on either side of the step: the pair's case)
 
 
 @dataclass(frozen=True)
@@ -289,7 +293,7 @@ def _tried(state: RunState, space: KnobSpace,
     with whether it rules out its parts too (a host-and-device pair does not), and the resolved configs of every
     knob-only candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is
     skipped)."""
-    rejected = [(_pairs(e.candidate.patch), e.candidate.proposer != HOST_AND_DEVICE) for e in state.history
+    rejected = [(_pairs(e.candidate.patch), e.candidate.proposer not in JOINED) for e in state.history
                 if not e.verdict.accepted and e.candidate.patch and _pairs(e.candidate.patch) not in again]
     seen = []
     for e in state.history:
@@ -378,17 +382,21 @@ def _side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
     return sides.pop() if len(sides) == 1 else None
 
 
-def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
-    """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only): a knob patch whose
-    last timing said no-difference with a ratio below 1."""
-    if state.device.split(":")[0] != "cuda":
-        return
+def _leaning(state: RunState) -> list[Evaluated]:
+    """The knob patches (not joined ones) whose last timing said no-difference with a ratio below 1."""
     last: dict[Pairs, Evaluated] = {}
     for e in state.history:
-        if e.candidate.patch and not e.candidate.kernels and e.candidate.proposer != HOST_AND_DEVICE:
+        if e.candidate.patch and not e.candidate.kernels and e.candidate.proposer not in JOINED:
             last[_pairs(e.candidate.patch)] = e
-    leaning = [e for e in last.values() if not e.verdict.accepted and e.verdict.stage == "measure"
-               and e.verdict.ratio is not None and e.verdict.ratio < 1.0]
+    return [e for e in last.values() if not e.verdict.accepted and e.verdict.stage == "measure"
+            and e.verdict.ratio is not None and e.verdict.ratio < 1.0]
+
+
+def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
+    """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only)."""
+    if state.device.split(":")[0] != "cuda":
+        return
+    leaning = _leaning(state)
     for host in (e for e in leaning if _side(space, e.candidate.patch) == "host"):
         for device in (e for e in leaning if _side(space, e.candidate.patch) == "device"):
             h, d = host.candidate, device.candidate
@@ -399,6 +407,35 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Pr
                                      f"neither proven alone: a GPU step takes the longer of its host and device "
                                      f"work, so shortening one side shows little while the other is as long; "
                                      f"both at once")
+
+
+def _bundle_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
+    """Every leaning rejection at once, when there are at least BUNDLE_MIN: each of them measured no difference
+    alone, but a noise floor hides a small gain, not a sum of them (at large-cached on an H200, 2026-12-03, the
+    cache overlap leaned 0.926, packed batches 0.954 and TF32 tail products 0.956 under a 4.7% floor; a
+    hand-composed configuration with the overlap, packed batches, 3xTF32 tail products and two loader workers had
+    stepped at 8.12 ms the day before, where that run's best took 20.13). Where two set the same knob, the one that
+    leaned further goes in; one the incumbent already holds does not. Its rejection does not rule out its parts."""
+    current = space.resolve(state.incumbent.config)
+    patch: dict[str, Any] = {}
+    parts: list[Evaluated] = []
+    for e in sorted(_leaning(state), key=lambda e: e.verdict.ratio):
+        change = e.candidate.patch
+        if set(change) & set(patch) or not set(change) <= {k.name for k in space}:
+            continue
+        if all(current[k] == v for k, v in change.items()):
+            continue  # taken since, as part of another change
+        patch.update(change)
+        parts.append(e)
+    if len(parts) < BUNDLE_MIN:
+        return
+    gain = 1.0
+    for e in parts:
+        gain /= e.verdict.ratio
+    leaned = ", ".join(f"#{e.candidate.id} ({e.candidate.change()}) {e.verdict.ratio:.3f}" for e in parts)
+    yield Proposal(kind="knob", patch=patch, proposer=LEANING_BUNDLE, expected_gain=gain,
+                   rationale=f"{leaned}: each leaned faster without clearing the noise floor alone; together they "
+                             f"would gain x{gain:.2f}, which a floor of a few percent does not hide")
 
 
 def _values(knob: Knob) -> tuple[Any, ...]:
@@ -442,7 +479,8 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
     current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
                     + list(_generic_proposals(state, space, state.findings))
-                    + list(_host_and_device_proposals(state, space)),
+                    + list(_host_and_device_proposals(state, space))
+                    + list(_bundle_proposals(state, space)),
                     key=lambda p: -(p.expected_gain or 0.0))  # stable: catalog order breaks ties
     chosen: list[Proposal] = []
     for proposal in ranked:

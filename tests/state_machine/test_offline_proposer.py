@@ -492,3 +492,36 @@ def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_befo
     assert {"embedding_cache_overlap": True} not in patches and {"tail_fp32_dot": "tf32x3"} not in patches
     at.history[5] = workers  # shown slower (no interval: the ratio, 1.014) it stays out
     assert {"data_workers": 2} not in [p.patch for p in propose_offline(at, ctx, limit=200)]
+
+
+def test_the_changes_that_leaned_faster_come_together_as_one(state, ctx):
+    """On session 22's `large-cached` run after #12: the overlap (0.926), packed batches (0.954) and TF32 tail
+    products (0.956) each leaned faster under a 4.7% floor; 3xTF32 (0.995) sets the same knob as TF32 and leaned
+    less, and the host-and-device pair (#11) is not a change of its own. They come as one candidate, expected
+    x1.18, whose rejection rules none of them out; with two leaning changes there is no bundle."""
+    at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
+                  S22_LARGE_CACHED_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    (bundle,) = [p for p in proposals if p.proposer == "offline:leaning-bundle"]
+    assert bundle.patch == {"embedding_cache_overlap": True, "pack_batches": True, "tail_fp32_dot": "tf32"}
+    assert bundle.expected_gain == pytest.approx(1 / (0.926 * 0.954 * 0.956))
+    assert bundle.rationale.startswith("#5 (embedding_cache_overlap=True) 0.926, #10 (pack_batches=True) 0.954, "
+                                       "#7 (tail_fp32_dot=tf32) 0.956: each leaned faster")
+    assert proposals.index(bundle) < 4
+    rejected = Evaluated(candidate=candidate(13, patch=bundle.patch, proposer="offline:leaning-bundle"),
+                         incumbent_id=12, config={**at.incumbent.config, **bundle.patch},
+                         verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.97))
+    after = at.model_copy(update={"history": at.history + [rejected]})
+    patches = [p.patch for p in propose_offline(after, ctx, limit=200)]
+    assert bundle.patch not in patches and {"pack_batches": True} in patches  # its parts stay open
+    two = at.model_copy(update={"history": [e for e in at.history if e.candidate.id not in (7, 10)]})
+    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(two, ctx, limit=200))
+
+
+def test_a_leaning_change_the_incumbent_took_since_stays_out_of_the_bundle(state, ctx):
+    """Packed batches, accepted on a later try, are the incumbent's: the bundle of the rest has two changes, too few."""
+    at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
+                  S22_LARGE_CACHED_HISTORY)
+    taken = at.model_copy(update={"incumbent": at.incumbent.model_copy(
+        update={"config": {**at.incumbent.config, "pack_batches": True}})})
+    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(taken, ctx, limit=200))
