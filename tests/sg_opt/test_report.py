@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from profilers.records import ProfileResult
 from sg_opt.cli import app
 from sg_opt.report import report_markdown
 from sg_opt.report_html import render_html
-from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary
+from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary, _phases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -295,3 +296,22 @@ def test_a_distorted_profile_is_named_and_not_read_as_host_work():
     assert "host-bound" not in md
     undistorted = s.phases[-1].model_copy(update={"distortion_note": None})
     assert "host-bound" in report_markdown(s.model_copy(update={"phases": [*s.phases[:-1], undistorted]}))
+
+
+def test_a_disturbed_profile_is_named_and_not_read_as_host_work(tmp_path):
+    """Session 23's `xl` run on an H200: its profile after #14 stepped at 31.54 ms even without the profiler where
+    the run's measurements put the configuration at 17.62 ms (the final measurement: 17.99 ms), and the report
+    called the step host-bound on its word. With that expectation recorded (as diagnose now records it), the
+    report names the disturbance under the floor table and draws no host-bound verdict from it."""
+    s = Summary.model_validate_json((FIXTURES / "h200_xl_s23_summary.json").read_text())
+    assert "after #14: the step is host-bound" in report_markdown(s)  # as the run wrote it
+    profile = ProfileResult.model_validate_json((FIXTURES / "h200_xl_s23_after_14.json").read_text())
+    path = tmp_path / "05.json"
+    path.write_text(profile.model_copy(update={"coarse": profile.coarse.model_copy(
+        update={"expected_step_s": 0.01762, "slowdowns_tried": [1.79, 1.80]})}).model_dump_json())
+    (last,) = _phases([("after #14", path, ProfileResult.model_validate_json(path.read_text()))], tmp_path)
+    md = report_markdown(s.model_copy(update={"phases": [*s.phases[:-1], last]}))
+    assert ("- after #14: its steps took 31.54 ms even without the profiler, x1.79 the 17.62 ms the side-by-side "
+            "measurements put this configuration at; the steadier of 2 profiles: other work slowed the machine "
+            "while it ran, so its phase times overstate the step's.") in md
+    assert "host-bound" not in md
