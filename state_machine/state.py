@@ -236,13 +236,18 @@ class RunState(BaseModel):
         return self.recalibrations[-1].step_ms if self.recalibrations else self.baseline.step_ms
 
     @property
+    def est_step_ms(self) -> float:
+        """The incumbent's step estimated from the baseline's A/A step and the accepted side-by-side ratios."""
+        return self.baseline.step_ms / self.incumbent.est_speedup
+
+    @property
     def recalibration_due(self) -> bool:
         """Whether the next diagnose calibrates the noise floor again: the incumbent is estimated
         ``plan.recalibrate_after`` times faster than the step the floor in force was calibrated on."""
         after = self.plan.recalibrate_after
         if self.baseline is None or self.incumbent.from_candidate is None or after <= 0:
             return False
-        return self.baseline.step_ms / self.incumbent.est_speedup * after <= self.floor_step_ms
+        return self.est_step_ms * after <= self.floor_step_ms
 
     @property
     def accepted(self) -> list[Evaluated]:

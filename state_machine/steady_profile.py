@@ -23,34 +23,31 @@ def expected_step_ms(state: RunState, recalibrations: list[Recalibration]) -> fl
     if state.baseline is None:
         return None
     cid = state.incumbent.from_candidate
-    if cid is None:
-        return state.baseline.step_ms
-    on_it = [r.step_ms for r in recalibrations if r.after_candidate == cid]
-    return on_it[-1] if on_it else state.baseline.step_ms / state.incumbent.est_speedup
+    on_it = [r.step_ms for r in recalibrations if cid is not None and r.after_candidate == cid]
+    return on_it[-1] if on_it else state.est_step_ms
 
 
-def _slowdown(result: ProfileResult, expected_ms: float) -> float | None:
-    """The profile's step without the profiler over the expected one (None: no profile came back)."""
+def _expecting(result: ProfileResult, expected_ms: float) -> ProfileResult | None:
+    """``result`` with the expected step recorded on its coarse profile (None: no profile came back)."""
     if not result.ok or result.coarse is None:
         return None
-    return 1e3 * result.coarse.unprofiled_step_s / expected_ms
+    coarse = result.coarse.model_copy(update={"expected_step_s": expected_ms / 1e3})
+    return result.model_copy(update={"coarse": coarse})
 
 
 def steadiest_profile(profile: Callable[[], ProfileResult], expected_ms: float | None,
                       on_disturbed: Callable[[float], None] = lambda slowdown: None) -> ProfileResult:
     """``profile()``, taken once more when its steps ran over DISTURBED_SLOWDOWN times ``expected_ms`` without the
     profiler (``on_disturbed`` hears the slowdown); the kept profile records the expectation and every slowdown."""
-    result = profile()
-    if not expected_ms or _slowdown(result, expected_ms) is None:
-        return result
-    tried = [(_slowdown(result, expected_ms), result)]
-    while tried[-1][0] > DISTURBED_SLOWDOWN and len(tried) < PROFILE_TRIES_WHEN_DISTURBED:
-        on_disturbed(tried[-1][0])
-        again = profile()
-        if (slowdown := _slowdown(again, expected_ms)) is None:
+    first = profile()
+    if not expected_ms or (kept := _expecting(first, expected_ms)) is None:
+        return first
+    tried = [kept]
+    while tried[-1].coarse.slowdown > DISTURBED_SLOWDOWN and len(tried) < PROFILE_TRIES_WHEN_DISTURBED:
+        on_disturbed(tried[-1].coarse.slowdown)
+        if (again := _expecting(profile(), expected_ms)) is None:
             break  # a failed retry: keep what came back
-        tried.append((slowdown, again))
-    _, kept = min(tried, key=lambda pair: pair[0])
-    coarse = kept.coarse.model_copy(update={"expected_step_s": expected_ms / 1e3,
-                                            "slowdowns_tried": [s for s, _ in tried]})
+        tried.append(again)
+    kept = min(tried, key=lambda r: r.coarse.slowdown)
+    coarse = kept.coarse.model_copy(update={"slowdowns_tried": [r.coarse.slowdown for r in tried]})
     return kept.model_copy(update={"coarse": coarse})
