@@ -9,7 +9,7 @@ kernel sources into the run directory and queues them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -20,3 +20,11 @@ class Proposal:
     proposer: str
     kernel_sources: dict[str, str] = field(default_factory=dict)  # slot -> source text
     expected_gain: float | None = None
+
+
+Pairs = frozenset[tuple[str, str]]
+
+
+def patch_pairs(patch: Mapping[str, Any]) -> Pairs:
+    """A knob patch as (knob, repr(value)) pairs: hashable, and one patch is part of another by ``<=``."""
+    return frozenset((k, repr(v)) for k, v in patch.items())

@@ -36,16 +36,8 @@ sweep leaves out the values the incumbent went past: one an accepted change move
 measured slower right there), and one a rule would only propose from behind (from the fused Triton tail,
 neither the slots nor the unfused Triton tail). No configuration is proposed twice.
 
-Host and device together: a GPU step builds batches and launches kernels on the host while the device
-runs the kernels queued before, so it takes the longer of the two. When they are about as long, a change
-that shortens only one side shows little alone. After a host-side change (a data or compile knob) and a
-device-side one each measured no-difference while leaning faster, the two are proposed as one candidate,
-expected to gain the product of their speedups. At `large` on an H200 (2026-11-30, the incumbent at 13 ms
-with 13.6 ms of host work in a 15.3 ms profiled step and 8.7 ms of tail on the device) 3xTF32 leaned 0.933
-and two loader workers 0.968; before the step lost a device sync (about 25 ms, device-bound) each had been
-a win alone (0.68-0.78 and 0.73-0.77), and runs holding both reached 8.8-10.3 ms. Such a pair's rejection
-does not rule out its parts. The same reasoning on any device: once at least three changes have leaned faster
-without clearing the noise floor, all of them are proposed as one (``_bundle_proposals``).
+Changes that leaned faster without clearing the noise floor are also joined into one candidate
+(``state_machine.proposers.joined``).
 """
 
 from __future__ import annotations
@@ -56,7 +48,8 @@ from typing import Any, Iterator, Mapping
 
 from profilers.records import Finding
 from state_machine.context import RunContext
-from state_machine.proposers import Proposal
+from state_machine.proposers import Pairs, Proposal, patch_pairs
+from state_machine.proposers.joined import JOINED, joined_proposals
 from state_machine.specs import numerics_class
 from state_machine.state import NUMERICS_ORDER, Evaluated, RunState
 from targets.protocol import ConfigError, Knob, KnobSpace
@@ -64,11 +57,6 @@ from targets.protocol import ConfigError, Knob, KnobSpace
 GENERIC_PLAUSIBILITY = 0.15
 NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
-HOST_SIDE = ("data", "host", "compile")  # knob categories that shorten a GPU step's host side (batches, launches)
-HOST_AND_DEVICE = "offline:host-and-device"  # the proposer of a leaning host change joined to a leaning device one
-LEANING_BUNDLE = "offline:leaning-bundle"  # the proposer of every leaning change at once
-JOINED = (HOST_AND_DEVICE, LEANING_BUNDLE)  # proposers whose rejection does not rule out the parts they joined
-BUNDLE_MIN = 3  # leaning changes a bundle joins at least (two on either side of the step: the pair's case)
 
 
 @dataclass(frozen=True)
@@ -213,13 +201,6 @@ CATEGORY_KNOBS: dict[str, tuple[str, ...]] = {
 }
 
 
-Pairs = frozenset[tuple[str, str]]
-
-
-def _pairs(patch: Mapping[str, Any]) -> Pairs:
-    return frozenset((k, repr(v)) for k, v in patch.items())
-
-
 def _speedups(state: RunState) -> dict[int | None, float]:
     """The incumbent's estimated speedup over the baseline after each accepted candidate (None: the baseline)."""
     est, out = 1.0, {None: 1.0}
@@ -244,20 +225,20 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
       3); #4 took TF32 matmuls, which also make the Triton tail's fp32 products TF32 ones."""
     speedups, now = _speedups(state), state.incumbent.est_speedup
     rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch and not e.candidate.kernels]
-    times = Counter(_pairs(e.candidate.patch) for e in rejections)
+    times = Counter(patch_pairs(e.candidate.patch) for e in rejections)
     again = {}
     for e in rejections:
-        if times[_pairs(e.candidate.patch)] > 1:
+        if times[patch_pairs(e.candidate.patch)] > 1:
             continue  # tried twice already
         v, cid = e.verdict, e.candidate.id
         if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
                 and now >= RETRY_AFTER * speedups[e.incumbent_id]):
-            again[_pairs(e.candidate.patch)] = (
+            again[patch_pairs(e.candidate.patch)] = (
                 f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) against an incumbent "
                 f"the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
         elif v.stage == "measure" and v.ratio is not None and (v.ci_low if v.ci_low is not None else v.ratio) < 1.0 \
                 and (later := _changed_under(state, space, e)) is not None:
-            again[_pairs(e.candidate.patch)] = (
+            again[patch_pairs(e.candidate.patch)] = (
                 f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
                 f"{later.candidate.id} ({later.candidate.change()}) changed the same part of the step under it")
         elif v.stage == "validate" and v.numerics_class in NUMERICS_ORDER:
@@ -267,7 +248,7 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
                 continue
             held_to = numerics_class(state, space, resolved, state.incumbent.kernels)
             if NUMERICS_ORDER.index(held_to) > NUMERICS_ORDER.index(v.numerics_class):
-                again[_pairs(e.candidate.patch)] = (
+                again[patch_pairs(e.candidate.patch)] = (
                     f"tried again: candidate #{cid} was held to the {v.numerics_class} bands ({v.reason}); on top of "
                     f"the incumbent, which has since taken a {held_to} change, the same patch is held to the "
                     f"{held_to} bands, as every candidate after that change is")
@@ -290,11 +271,11 @@ def _changed_under(state: RunState, space: KnobSpace, rejected: Evaluated) -> Ev
 def _tried(state: RunState, space: KnobSpace,
            again: Mapping[Pairs, str]) -> tuple[list[tuple[Pairs, bool]], list[dict[str, Any]]]:
     """The rejected candidates' patches as (knob, value) pairs (less those in ``again``, to try once more), each
-    with whether it rules out its parts too (a host-and-device pair does not), and the resolved configs of every
-    knob-only candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check, is
-    skipped)."""
-    rejected = [(_pairs(e.candidate.patch), e.candidate.proposer not in JOINED) for e in state.history
-                if not e.verdict.accepted and e.candidate.patch and _pairs(e.candidate.patch) not in again]
+    with whether it rules out its parts too (a joined one does not: proposers.joined), and the resolved configs
+    of every knob-only candidate (a config that does not resolve, e.g. an LLM's unknown knob rejected at check,
+    is skipped)."""
+    rejected = [(patch_pairs(e.candidate.patch), e.candidate.proposer not in JOINED) for e in state.history
+                if not e.verdict.accepted and e.candidate.patch and patch_pairs(e.candidate.patch) not in again]
     seen = []
     for e in state.history:
         if not e.candidate.kernels:
@@ -374,70 +355,6 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
                        rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
 
 
-def _side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
-    """"host" or "device": the side of a GPU step every knob of ``patch`` shortens (None: mixed or unknown)."""
-    if not set(patch) <= {k.name for k in space}:
-        return None
-    sides = {"host" if space[k].category in HOST_SIDE else "device" for k in patch}
-    return sides.pop() if len(sides) == 1 else None
-
-
-def _leaning(state: RunState) -> list[Evaluated]:
-    """The knob patches (not joined ones) whose last timing said no-difference with a ratio below 1."""
-    last: dict[Pairs, Evaluated] = {}
-    for e in state.history:
-        if e.candidate.patch and not e.candidate.kernels and e.candidate.proposer not in JOINED:
-            last[_pairs(e.candidate.patch)] = e
-    return [e for e in last.values() if not e.verdict.accepted and e.verdict.stage == "measure"
-            and e.verdict.ratio is not None and e.verdict.ratio < 1.0]
-
-
-def _host_and_device_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
-    """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only)."""
-    if state.device.split(":")[0] != "cuda":
-        return
-    leaning = _leaning(state)
-    for host in (e for e in leaning if _side(space, e.candidate.patch) == "host"):
-        for device in (e for e in leaning if _side(space, e.candidate.patch) == "device"):
-            h, d = host.candidate, device.candidate
-            yield Proposal(kind="knob", patch={**h.patch, **d.patch}, proposer=HOST_AND_DEVICE,
-                           expected_gain=1.0 / (host.verdict.ratio * device.verdict.ratio),
-                           rationale=f"#{h.id} ({h.change()}, host side) leaned {host.verdict.ratio:.3f} and "
-                                     f"#{d.id} ({d.change()}, device side) {device.verdict.ratio:.3f}, "
-                                     f"neither proven alone: a GPU step takes the longer of its host and device "
-                                     f"work, so shortening one side shows little while the other is as long; "
-                                     f"both at once")
-
-
-def _bundle_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
-    """Every leaning rejection at once, when there are at least BUNDLE_MIN: each of them measured no difference
-    alone, but a noise floor hides a small gain, not a sum of them (at large-cached on an H200, 2026-12-03, the
-    cache overlap leaned 0.926, packed batches 0.954 and TF32 tail products 0.956 under a 4.7% floor; a
-    hand-composed configuration with the overlap, packed batches, 3xTF32 tail products and two loader workers had
-    stepped at 8.12 ms the day before, where that run's best took 20.13). Where two set the same knob, the one that
-    leaned further goes in; one the incumbent already holds does not. Its rejection does not rule out its parts."""
-    current = space.resolve(state.incumbent.config)
-    patch: dict[str, Any] = {}
-    parts: list[Evaluated] = []
-    for e in sorted(_leaning(state), key=lambda e: e.verdict.ratio):
-        change = e.candidate.patch
-        if set(change) & set(patch) or not set(change) <= {k.name for k in space}:
-            continue
-        if all(current[k] == v for k, v in change.items()):
-            continue  # taken since, as part of another change
-        patch.update(change)
-        parts.append(e)
-    if len(parts) < BUNDLE_MIN:
-        return
-    gain = 1.0
-    for e in parts:
-        gain /= e.verdict.ratio
-    leaned = ", ".join(f"#{e.candidate.id} ({e.candidate.change()}) {e.verdict.ratio:.3f}" for e in parts)
-    yield Proposal(kind="knob", patch=patch, proposer=LEANING_BUNDLE, expected_gain=gain,
-                   rationale=f"{leaned}: each leaned faster without clearing the noise floor alone; together they "
-                             f"would gain x{gain:.2f}, which a floor of a few percent does not hide")
-
-
 def _values(knob: Knob) -> tuple[Any, ...]:
     if knob.kind == "bool":
         return (True, False)
@@ -479,18 +396,17 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
     current = space.resolve(state.incumbent.config)
     ranked = sorted(list(_rule_proposals(state, space, state.findings))
                     + list(_generic_proposals(state, space, state.findings))
-                    + list(_host_and_device_proposals(state, space))
-                    + list(_bundle_proposals(state, space)),
+                    + list(joined_proposals(state, space)),
                     key=lambda p: -(p.expected_gain or 0.0))  # stable: catalog order breaks ties
     chosen: list[Proposal] = []
     for proposal in ranked:
         config = {**state.incumbent.config, **proposal.patch}
         if (not _applicable(space, state, current, proposal.patch)
-                or _ruled_out(_pairs(proposal.patch), rejected)
+                or _ruled_out(patch_pairs(proposal.patch), rejected)
                 or space.resolve(config) in seen
                 or any(p.patch == proposal.patch for p in chosen)):
             continue
-        if (why := again.get(_pairs(proposal.patch))) is not None:
+        if (why := again.get(patch_pairs(proposal.patch))) is not None:
             proposal = replace(proposal, rationale=f"{why}; {proposal.rationale}")
         chosen.append(proposal)
         if len(chosen) == limit:

@@ -3,19 +3,16 @@ profiles and histories of H200 runs (tests/fixtures/h200_*.json)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from profilers.findings import findings as profile_findings
-from profilers.records import ProfileResult
-from state_machine.context import RunContext
 from state_machine.proposers.offline import propose_offline
-from state_machine.state import Evaluated, RunState, Verdict
+from state_machine.state import Evaluated, Verdict
 from tests.profilers.test_findings import coarse
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import tail_kernel_config
 from tests.state_machine.records import candidate, checked, finding
+from tests.state_machine.replays import LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY, replayed
 
 
 def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
@@ -123,37 +120,6 @@ def test_a_rejected_change_still_allows_a_larger_one_that_holds_it(state, ctx):
     proposals = propose_offline(at, ctx, limit=200)
     assert proposals[0].proposer == "offline:device-cache"
     assert all(p.patch != {"embedding_grad_mode": "fused"} for p in proposals)  # the rejected change itself: no
-
-
-FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-
-LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "sparse"}  # haste_rec_large_cached.toml
-
-
-def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
-    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio, or the
-    numerics class whose bands it broke at validation]), each
-    candidate measured against the incumbent of its time, and the findings of `profile` (that run's profile
-    of its incumbent)."""
-    result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
-    history, config, incumbent, est = [], dict(base), None, 1.0
-    for cid, patch, accepted, *ratio in steps:
-        ratio = ratio[0] if ratio else None
-        broke = ratio if isinstance(ratio, str) else None  # a numerics class: rejected at validation under it
-        verdict = Verdict(accepted=accepted, stage="validate" if broke else "measure", reason="as in that run",
-                          ratio=None if broke else ratio, numerics_class=broke)
-        history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
-                                 config={**config, **patch}, verdict=verdict))
-        if accepted:
-            config, incumbent, est = {**config, **patch}, cid, est / (ratio or 1.0)
-    resolved = ctx.target.knob_space.resolve(config)
-    assert {k: resolved[k] for k in config} == {k: result.config[k] for k in config}  # the profile's own config
-    return state.model_copy(update={
-        "device": "cuda", "size": size, "baseline_config": base, "history": history,
-        "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent,
-                                                        "est_speedup": est}),
-        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
 
 
 def test_the_h200_large_run_after_its_last_win_goes_to_3xtf32_and_packed_batches(state, ctx):
@@ -321,51 +287,6 @@ def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_
                                         ctx, limit=200))
 
 
-S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h200x2-large-aa40/) to its last win
-    (1, {"embedding_grad_mode": "fused"}, True, 0.614), (2, {"tail_backend": "triton-fused-loss"}, True, 0.205),
-    (3, {"tail_fp32_dot": "tf32x3"}, False, 0.933), (4, {"tail_fp32_dot": "tf32"}, False, 0.955),
-    (5, {"precision": "bf16-autocast"}, False), (6, {"matmul_precision": "high"}, False),
-    (7, {"data_workers": 2}, False, 0.968), (8, {"pack_batches": True}, True, 0.895)]
-
-
-def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(state, ctx):
-    """Replayed on the real profile of the session-12 `large` run after its last win (#8, packed batches: 7.4 ms
-    of host data work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers
-    (0.968) each leaned faster alone, and come back as one candidate, right after the data rules; sessions
-    8-10 accepted both, one by one, when the step was still device-bound. The two workers come first, alone: they
-    measured no difference before packed batches (#8) changed the data path under them."""
-    at = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY)
-    proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:4]] == ["offline:loader-workers", "offline:loader-workers-4",
-                                                   "offline:host-and-device", "offline:host-and-device"]
-    assert proposals[0].rationale.startswith("tried again: candidate #7 measured 0.968 (rejected: as in that run) "
-                                             "before #8 (pack_batches=True) changed the same part of the step")
-    pair = proposals[2]
-    assert pair.patch == {"data_workers": 2, "tail_fp32_dot": "tf32x3"}
-    assert pair.expected_gain == pytest.approx(1 / (0.933 * 0.968))
-    assert pair.rationale.startswith("#7 (data_workers=2, host side) leaned 0.968 and #3 (tail_fp32_dot=tf32x3, "
-                                     "device side) 0.933")
-    assert proposals[3].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
-    # rejected together: not again, but the next pair still comes, and the pair kept its parts' retries
-    tried = at.model_copy(update={"history": at.history + [Evaluated(
-        candidate=candidate(9, patch=pair.patch, proposer="offline:host-and-device"), incumbent_id=8,
-        config={**at.incumbent.config, **pair.patch},
-        verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.95))]})
-    after = propose_offline(tried, ctx, limit=200)
-    assert pair.patch not in [p.patch for p in after]
-    assert {"data_workers": 2, "tail_fp32_dot": "tf32"} in [p.patch for p in after]
-    faster = tried.model_copy(update={"incumbent": tried.incumbent.model_copy(update={"est_speedup": 20.0})})
-    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in propose_offline(faster, ctx, limit=200)
-                                           if p.rationale.startswith("tried again")]
-    # a leaning change that slowed down once more is no longer leaning; on a CPU host and device are one
-    slower = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY + [
-        (9, {"data_workers": 2}, False, 1.02)])
-    assert all(p.proposer != "offline:host-and-device" or "data_workers" not in p.patch
-               for p in propose_offline(slower, ctx, limit=200))
-    assert all(p.proposer != "offline:host-and-device"
-               for p in propose_offline(at.model_copy(update={"device": "cpu"}), ctx, limit=200))
-
-
 S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h200x2-large-pairs/), all 15 candidates
     (1, {"embedding_grad_mode": "fused"}, True, 0.618), (2, {"tail_backend": "triton-fused-loss"}, True, 0.201),
     (3, {"tail_fp32_dot": "tf32x3"}, False, 0.947), (4, {"data_workers": 2}, False, 0.917),
@@ -463,17 +384,6 @@ def test_halving_the_host_threads_is_proposed_on_a_gpu_where_embed_works_the_hos
     assert not any(p.proposer == "offline:fewer-host-threads" for p in propose_offline(halved, ctx, limit=200))
 
 
-S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s22/)
-    (1, {"tail_backend": "triton-fused-loss"}, True, 0.611),
-    (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.471),
-    (3, {"embedding_cache_index": "device"}, True, 0.627), (4, {"tail_fp32_dot": "tf32x3"}, False, 0.995),
-    (5, {"embedding_cache_overlap": True}, False, 0.926), (6, {"data_workers": 2}, False, 1.014),
-    (7, {"tail_fp32_dot": "tf32"}, False, 0.956), (8, {"precision": "bf16-autocast"}, False, "precision"),
-    (9, {"matmul_precision": "high"}, False, "precision"), (10, {"pack_batches": True}, False, 0.954),
-    (11, {"pack_batches": True, "embedding_cache_overlap": True}, False, 0.962),
-    (12, {"pin_memory": True}, True, 0.894)]
-
-
 def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_before_it_come_again(state, ctx):
     """Replayed on the real profile of session 22's `large-cached` run after its last win (#12, pinned memory),
     with its history: two loader workers had measured 1.014 (interval 0.970-1.027) before pinning, and packed
@@ -492,36 +402,3 @@ def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_befo
     assert {"embedding_cache_overlap": True} not in patches and {"tail_fp32_dot": "tf32x3"} not in patches
     at.history[5] = workers  # shown slower (no interval: the ratio, 1.014) it stays out
     assert {"data_workers": 2} not in [p.patch for p in propose_offline(at, ctx, limit=200)]
-
-
-def test_the_changes_that_leaned_faster_come_together_as_one(state, ctx):
-    """On session 22's `large-cached` run after #12: the overlap (0.926), packed batches (0.954) and TF32 tail
-    products (0.956) each leaned faster under a 4.7% floor; 3xTF32 (0.995) sets the same knob as TF32 and leaned
-    less, and the host-and-device pair (#11) is not a change of its own. They come as one candidate, expected
-    x1.18, whose rejection rules none of them out; with two leaning changes there is no bundle."""
-    at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
-                  S22_LARGE_CACHED_HISTORY)
-    proposals = propose_offline(at, ctx, limit=200)
-    (bundle,) = [p for p in proposals if p.proposer == "offline:leaning-bundle"]
-    assert bundle.patch == {"embedding_cache_overlap": True, "pack_batches": True, "tail_fp32_dot": "tf32"}
-    assert bundle.expected_gain == pytest.approx(1 / (0.926 * 0.954 * 0.956))
-    assert bundle.rationale.startswith("#5 (embedding_cache_overlap=True) 0.926, #10 (pack_batches=True) 0.954, "
-                                       "#7 (tail_fp32_dot=tf32) 0.956: each leaned faster")
-    assert proposals.index(bundle) < 4
-    rejected = Evaluated(candidate=candidate(13, patch=bundle.patch, proposer="offline:leaning-bundle"),
-                         incumbent_id=12, config={**at.incumbent.config, **bundle.patch},
-                         verdict=Verdict(accepted=False, stage="measure", reason="no-difference", ratio=0.97))
-    after = at.model_copy(update={"history": at.history + [rejected]})
-    patches = [p.patch for p in propose_offline(after, ctx, limit=200)]
-    assert bundle.patch not in patches and {"pack_batches": True} in patches  # its parts stay open
-    two = at.model_copy(update={"history": [e for e in at.history if e.candidate.id not in (7, 10)]})
-    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(two, ctx, limit=200))
-
-
-def test_a_leaning_change_the_incumbent_took_since_stays_out_of_the_bundle(state, ctx):
-    """Packed batches, accepted on a later try, are the incumbent's: the bundle of the rest has two changes, too few."""
-    at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
-                  S22_LARGE_CACHED_HISTORY)
-    taken = at.model_copy(update={"incumbent": at.incumbent.model_copy(
-        update={"config": {**at.incumbent.config, "pack_batches": True}})})
-    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(taken, ctx, limit=200))
