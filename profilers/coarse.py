@@ -25,31 +25,24 @@ not only time the step waits for it.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import math
 import re
 import resource
 import statistics
 import sys
-import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile, record_function
 
-from profilers.records import DISTORTED_OVERHEAD, CoarseProfile, HostWait, HostWork, OpTime, PhaseTime
+from profilers.profiled_window import STEP_RANGE, least_distorted_window, sync
+from profilers.records import CoarseProfile, HostWait, HostWork, OpTime, PhaseTime
 from targets.protocol import Session
-from targets.worker import NonFiniteLoss, banked_steps
+from targets.worker import banked_steps
 
-STEP_RANGE = "sg-opt/profiled-step"  # marks each timed step in the trace; the window the analysis reads
 TOP_OPS = 15
-# A distorted window (records.DISTORTED_OVERHEAD) is profiled again, up to this many windows in all, and the
-# least distorted kept.
-PROFILE_TRIES = 3
 _DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _BYTES_FIELD = re.compile(r'"bytes"\s*:\s*(\d+)')
 # CUDA runtime calls in which the host waits for the device: time spent in them inside a phase is
@@ -310,24 +303,7 @@ def _trace_memcpy_bytes(prof: Any, trace_path: str | None) -> dict[str, int]:
     return totals
 
 
-# ----------------------------------------------------------------------------- running steps
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_steps(session: Session, steps: int, device: torch.device,
-                 label: str | None = None) -> tuple[float, list[torch.Tensor]]:
-    """Wall seconds for ``steps`` steps, the device drained at the end, and their losses."""
-    losses = []
-    start = time.perf_counter()
-    for _ in range(steps):
-        with record_function(label) if label else contextlib.nullcontext():
-            losses.append(session.step())
-    _sync(device)
-    return time.perf_counter() - start, losses
-
+# ----------------------------------------------------------------------------- the profile
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
@@ -340,70 +316,6 @@ def _counter_rate(before: dict[str, float], after: dict[str, float], key: str, s
     if key not in before or key not in after:
         return None
     return (after[key] - before[key]) / steps
-
-
-@dataclass
-class _Tried:
-    """One profiled window and the unprofiled steps around it."""
-
-    prof: profile
-    profiled_s: float
-    unprofiled_s: float
-    losses: list[float]
-    before: dict[str, float]
-    after: dict[str, float]
-
-    @property
-    def overhead(self) -> float:
-        return self.profiled_s / self.unprofiled_s
-
-
-def _profiled_window(session: Session, device: torch.device, steps: int) -> _Tried:
-    """``steps`` profiled steps between ``steps`` unprofiled ones before and after; inside the profiler one more
-    untimed step lets it settle (CUPTI set-up on CUDA) before the timed window."""
-    on_cuda = device.type == "cuda"
-    unprofiled_before, _ = _timed_steps(session, steps, device)
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with profile(activities=activities) as prof:
-        _timed_steps(session, 1, device)
-        before = session.counters()
-        profiled_s, losses = _timed_steps(session, steps, device, label=STEP_RANGE)
-        after = session.counters()
-    values = [float(loss) for loss in losses]
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    if bad:
-        raise NonFiniteLoss(f"loss is {values[bad[0]]} at profiled step {bad[0]}")
-    unprofiled_after, _ = _timed_steps(session, steps, device)
-    return _Tried(prof, profiled_s, (unprofiled_before + unprofiled_after) / 2, values, before, after)
-
-
-def _worst_over_ranks(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks of a torch.distributed job (``value`` itself in one process): the ranks
-    profile the same steps, collectives included, so they must agree on profiling another window."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    worst = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst.item())
-
-
-def least_distorted_window(session: Session, device: torch.device, steps: int,
-                           tries: int = PROFILE_TRIES) -> tuple[_Tried, list[float]]:
-    """A profiled window whose overhead is at most DISTORTED_OVERHEAD, or the least distorted of ``tries``;
-    with the overhead of every window tried, in order. On several ranks a window counts as distorted when it is
-    on any rank, and every rank keeps the same window."""
-    kept, kept_worst, overheads = None, float("inf"), []
-    for _ in range(max(1, tries)):
-        tried = _profiled_window(session, device, steps)
-        overheads.append(tried.overhead)
-        worst = _worst_over_ranks(tried.overhead, device)
-        if worst < kept_worst:
-            kept, kept_worst = tried, worst
-        if kept_worst <= DISTORTED_OVERHEAD:
-            break
-    return kept, overheads
 
 
 def profile_session(session: Session, device: torch.device | str, warmup: int, steps: int,
@@ -420,7 +332,7 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
     on_cuda = device.type == "cuda"
     for _ in range(warmup + banked_steps(session)):  # what the loader banked while the session was built
         session.step()
-    _sync(device)
+    sync(device)
     kept, overheads = least_distorted_window(session, device, steps)
     prof, profiled_s, unprofiled_s, values = kept.prof, kept.profiled_s, kept.unprofiled_s, kept.losses
     before, after = kept.before, kept.after

@@ -12,8 +12,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import Interval
 
-from profilers.coarse import (PROFILE_TRIES, STEP_RANGE, PhaseIndex, _Window, device_kind, least_distorted_window,
-                              memcpy_bytes, profile_session, union_length)
+from profilers.coarse import PhaseIndex, _Window, device_kind, memcpy_bytes, profile_session, union_length
+from profilers.profiled_window import PROFILE_TRIES, STEP_RANGE, least_distorted_window
 from profilers.records import DISTORTED_OVERHEAD
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.session import PHASES
