@@ -81,7 +81,7 @@ DISTORTED_OVERHEAD = 1.5
 # put its configuration at was disturbed: other work slowed the machine while it ran, so its phase times are not
 # the step's either. At xl on an H200 (2026-12-03) the profile after candidate 14 stepped at 31.54 ms without the
 # profiler where the measurements put the configuration at 17.6 ms (x1.79; the final side-by-side measured 17.99),
-# its data phase's CPU ops 4-7x slower than in the profile before, and the report called the step host-bound.
+# its data phase's CPU ops up to 16x slower than in the profile before, and the report called the step host-bound.
 # The 100 profiles of the 25 runs under docs/results/ before it (the expectation taken as the baseline's A/A step
 # times the accepted ratios) were within x1.41 but two, x1.59 and x2.90, each followed by a profile back in line.
 DISTURBED_SLOWDOWN = 1.5
