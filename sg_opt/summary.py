@@ -301,7 +301,8 @@ def ranks_sentence(result: ProfileResult) -> str | None:
             f"collectives); collectives in flight, waits included, per rank: {shares} of the step")
 
 
-def _phases(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> list[PhaseBreakdown]:
+def phase_breakdowns(profiles: list[tuple[str, Path, ProfileResult]], run_dir: Path) -> list[PhaseBreakdown]:
+    """Each (label, file, result) profile of a run as the summary's row: phase times, host side, floor, notes."""
     rows = []
     for label, path, result in profiles:
         coarse = result.coarse
@@ -400,7 +401,7 @@ def build_summary(state: RunState) -> Summary:
                    best_step=best_step, numerics=_numerics(state), best_config=state.incumbent.config,
                    best_kernels=sorted(state.incumbent.kernels), est_speedup=state.incumbent.est_speedup,
                    final=state.final, evaluated=state.evaluated, accepted=accepted,
-                   candidates=[_row(e, decided_at) for e in state.history], phases=_phases(profiles, run_dir),
+                   candidates=[_row(e, decided_at) for e in state.history], phases=phase_breakdowns(profiles, run_dir),
                    roofline=_roofline(profiles), spend=overall, spend_by_tier=by_tier, llm_calls=calls,
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
                    node_s=state.node_s, worker_startup=_worker_startup(run_dir),
