@@ -35,7 +35,7 @@ def joined_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
     yield from _bundle_proposals(state, space, leaned)
 
 
-def _side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
+def side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
     """"host" or "device": the side of a GPU step every knob of ``patch`` shortens (None: mixed or unknown)."""
     if not set(patch) <= {k.name for k in space}:
         return None
@@ -57,8 +57,8 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace, leaned: list[E
     """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only)."""
     if state.device.split(":")[0] != "cuda":
         return
-    for host in (e for e in leaned if _side(space, e.candidate.patch) == "host"):
-        for device in (e for e in leaned if _side(space, e.candidate.patch) == "device"):
+    for host in (e for e in leaned if side(space, e.candidate.patch) == "host"):
+        for device in (e for e in leaned if side(space, e.candidate.patch) == "device"):
             h, d = host.candidate, device.candidate
             yield Proposal(kind="knob", patch={**h.patch, **d.patch}, proposer=HOST_AND_DEVICE,
                            expected_gain=1.0 / (host.verdict.ratio * device.verdict.ratio),

@@ -22,11 +22,12 @@ own target is searched too.
 
 Learning within the run: a change that was rejected is not proposed again, nor any part of it (a
 rejected ``{a, b}`` rules out ``{a}``), but a larger change that holds it is: host tables with a fused
-update can be slower while the device cache with the same fused update is SparseGear's fast path. Three
+update can be slower while the device cache with the same fused update is SparseGear's fast path. Four
 exceptions (``_retryable``): a change that measured no-difference while leaning faster (ratio below 1) is
 tried once more when the run has since made the incumbent ``RETRY_AFTER`` times faster; one that measured
 no-difference, once a later accepted change set a knob of its category (loader workers after pinned memory:
-``_changed_under``); and one that broke
+``_changed_under``), or on a GPU once one shortened the other side of the step (a device-side change is hidden while
+the host's work is as long: TF32 tail products after the loader workers, ``_other_side_shortened``); and one that broke
 its numerics bands is tried once more when the incumbent has since taken a change of a looser class, under
 which every later candidate is judged (at `xl`, the fused Triton tail before and after TF32 matmuls; as it
 broke the precision band there too, its tl.dot in TF32 as well, it also comes with 3xTF32 products). What
@@ -49,7 +50,7 @@ from typing import Any, Iterator, Mapping
 from profilers.records import Finding
 from state_machine.context import RunContext
 from state_machine.proposers import Pairs, Proposal, patch_pairs
-from state_machine.proposers.joined import JOINED, joined_proposals
+from state_machine.proposers.joined import JOINED, joined_proposals, side
 from state_machine.specs import numerics_class
 from state_machine.state import NUMERICS_ORDER, Evaluated, RunState
 from targets.protocol import ConfigError, Knob, KnobSpace
@@ -57,6 +58,7 @@ from targets.protocol import ConfigError, Knob, KnobSpace
 GENERIC_PLAUSIBILITY = 0.15
 NO_FINDING_GAIN = 1.01  # the expected gain of a sweep that no finding points at
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
+OTHER_SIDE_TRIES = 3  # tries at most of a change that measured no-difference, one more after each change to the step's other side
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,9 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
     - timed no-difference with a ratio below 1 against an incumbent that the run has since made ``RETRY_AFTER``
       times faster (by the estimated speedups);
     - timed no-difference (not slower) before an accepted change of the same knob category (``_changed_under``);
+    - on a GPU, timed no-difference (not slower) before an accepted change to the other side of the step
+      (``_other_side_shortened``), once more after each such change, ``OTHER_SIDE_TRIES`` tries in all: the
+      second side may still be as long after the first change to it (two loader workers, then the prefetch);
     - broken numerics under a class stricter than the one the same patch is held to now: every candidate is
       held to the loosest promise among its changes from the baseline (``specs.numerics_class``), so a patch
       tried before the incumbent took a precision change (TF32 matmuls) was held to the reorder bands, and the
@@ -226,18 +231,27 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
     speedups, now = _speedups(state), state.incumbent.est_speedup
     rejections = [e for e in state.history if not e.verdict.accepted and e.candidate.patch and not e.candidate.kernels]
     times = Counter(patch_pairs(e.candidate.patch) for e in rejections)
+    last = {patch_pairs(e.candidate.patch): e for e in rejections}  # each patch's latest try
     again = {}
-    for e in rejections:
-        if times[patch_pairs(e.candidate.patch)] > 1:
+    for e in last.values():
+        v, cid, tries = e.verdict, e.candidate.id, times[patch_pairs(e.candidate.patch)]
+        no_difference = v.stage == "measure" and v.ratio is not None and \
+            (v.ci_low if v.ci_low is not None else v.ratio) < 1.0
+        if no_difference and tries < OTHER_SIDE_TRIES and (later := _other_side_shortened(state, space, e)) is not None:
+            again[patch_pairs(e.candidate.patch)] = (
+                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
+                f"{later.candidate.id} ({later.candidate.change()}) shortened the other side of the step: a GPU step "
+                f"takes the longer of its host and device work, so a change to one side shows little while the "
+                f"other is as long")
+            continue
+        if tries > 1:
             continue  # tried twice already
-        v, cid = e.verdict, e.candidate.id
         if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
                 and now >= RETRY_AFTER * speedups[e.incumbent_id]):
             again[patch_pairs(e.candidate.patch)] = (
                 f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) against an incumbent "
                 f"the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
-        elif v.stage == "measure" and v.ratio is not None and (v.ci_low if v.ci_low is not None else v.ratio) < 1.0 \
-                and (later := _changed_under(state, space, e)) is not None:
+        elif no_difference and (later := _changed_under(state, space, e)) is not None:
             again[patch_pairs(e.candidate.patch)] = (
                 f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
                 f"{later.candidate.id} ({later.candidate.change()}) changed the same part of the step under it")
@@ -266,6 +280,28 @@ def _changed_under(state: RunState, space: KnobSpace, rejected: Evaluated) -> Ev
     after = state.history[state.history.index(rejected) + 1:]
     return next((e for e in after if e.verdict.accepted and not e.candidate.kernels
                  and categories & {space[k].category for k in set(e.candidate.patch) - tried if k in names}), None)
+
+
+def _other_side_shortened(state: RunState, space: KnobSpace, rejected: Evaluated) -> Evaluated | None:
+    """On a GPU, the first change accepted after ``rejected`` that works on the other side of the step (``joined.side``:
+    the host's batches and launches, or the device's kernels), if any. At `large` on an H200 (2026-12-03) TF32 tail
+    products measured 1.027 (interval 0.945-1.059) while the step waited on its data; two loader workers and the
+    device prefetch were accepted after it, and on top of them TF32 products with the host bundle TPE had found
+    (4 workers, packed batches, half the threads) ran 0.505 against the bundle alone, which was 0.977 against that
+    incumbent (``sg-opt bench --vs``, docs/results/2026-12-03-h200-large-s24/diag/)."""
+    if state.device.split(":")[0] != "cuda" or rejected.candidate.kernels:
+        return None
+    mine = side(space, rejected.candidate.patch)
+    if mine is None:
+        return None
+    after = state.history[state.history.index(rejected) + 1:]
+    for e in after:
+        if not e.verdict.accepted:
+            continue
+        sides = {"device"} if e.candidate.kernels else {side(space, {k: v}) for k, v in e.candidate.patch.items()}
+        if sides - {mine, None}:
+            return e
+    return None
 
 
 def _tried(state: RunState, space: KnobSpace,

@@ -18,8 +18,8 @@ LARGE_CACHED_BASE = {"embedding_placement": "host", "embedding_grad_mode": "spar
 
 
 def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: dict, steps: list) -> RunState:
-    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio, or the
-    numerics class whose bands it broke at validation]), each
+    """The state of a real H200 run: its history from `steps` (id, patch, accepted[, measured ratio, or (ratio,
+    interval low, interval high), or the numerics class whose bands it broke at validation]), each
     candidate measured against the incumbent of its time, and the findings of `profile` (that run's profile
     of its incumbent)."""
     result = ProfileResult.model_validate_json((FIXTURES / profile).read_text())
@@ -27,8 +27,9 @@ def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: di
     for cid, patch, accepted, *ratio in steps:
         ratio = ratio[0] if ratio else None
         broke = ratio if isinstance(ratio, str) else None  # a numerics class: rejected at validation under it
+        ratio, low, high = ratio if isinstance(ratio, tuple) else (ratio, None, None)  # (ratio, its 95% interval)
         verdict = Verdict(accepted=accepted, stage="validate" if broke else "measure", reason="as in that run",
-                          ratio=None if broke else ratio, numerics_class=broke)
+                          ratio=None if broke else ratio, ci_low=low, ci_high=high, numerics_class=broke)
         history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=incumbent,
                                  config={**config, **patch}, verdict=verdict))
         if accepted:
@@ -51,3 +52,11 @@ S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/20
     (9, {"matmul_precision": "high"}, False, "precision"), (10, {"pack_batches": True}, False, 0.954),
     (11, {"pack_batches": True, "embedding_cache_overlap": True}, False, 0.962),
     (12, {"pin_memory": True}, True, 0.894)]
+
+
+S24_LARGE_HISTORY = [  # session 24's `large` run (docs/results/2026-12-03-h200-large-s24/) to its last win
+    (1, {"embedding_grad_mode": "fused"}, True, 0.613), (2, {"tail_backend": "triton-fused-loss"}, True, 0.219),
+    (3, {"tail_fp32_dot": "tf32x3"}, False, (1.037, 0.987, 1.077)),
+    (4, {"tail_fp32_dot": "tf32"}, False, (1.027, 0.945, 1.059)),
+    (5, {"precision": "bf16-autocast"}, False, "precision"), (6, {"matmul_precision": "high"}, False, "precision"),
+    (7, {"data_workers": 2}, True, 0.865), (8, {"pin_memory": True, "prefetch_to_device": True}, True, 0.820)]

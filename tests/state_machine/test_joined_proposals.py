@@ -22,19 +22,23 @@ def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(st
     of host data work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers
     (0.968) each leaned faster alone, and come back as one candidate, right after the data rules; sessions
     8-10 accepted both, one by one, when the step was still device-bound. The two workers come first, alone: they
-    measured no difference before packed batches (#8) changed the data path under them."""
+    measured no difference before packed batches (#8) changed the data path under them; before them, the TF32
+    tail products alone, which measured no difference before packed batches shortened the other side of the step."""
     at = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:4]] == ["offline:loader-workers", "offline:loader-workers-4",
+    assert [p.proposer for p in proposals[:6]] == ["offline:tf32x3-tail", "offline:tf32-tail",
+                                                   "offline:loader-workers", "offline:loader-workers-4",
                                                    "offline:host-and-device", "offline:host-and-device"]
-    assert proposals[0].rationale.startswith("tried again: candidate #7 measured 0.968 (rejected: as in that run) "
+    assert proposals[0].rationale.startswith("tried again: candidate #3 measured 0.933 (rejected: as in that run) "
+                                             "before #8 (pack_batches=True) shortened the other side of the step")
+    assert proposals[2].rationale.startswith("tried again: candidate #7 measured 0.968 (rejected: as in that run) "
                                              "before #8 (pack_batches=True) changed the same part of the step")
-    pair = proposals[2]
+    pair = proposals[4]
     assert pair.patch == {"data_workers": 2, "tail_fp32_dot": "tf32x3"}
     assert pair.expected_gain == pytest.approx(1 / (0.933 * 0.968))
     assert pair.rationale.startswith("#7 (data_workers=2, host side) leaned 0.968 and #3 (tail_fp32_dot=tf32x3, "
                                      "device side) 0.933")
-    assert proposals[3].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
+    assert proposals[5].patch == {"data_workers": 2, "tail_fp32_dot": "tf32"}
     # rejected together: not again, but the next pair still comes, and the pair kept its parts' retries
     tried = at.model_copy(update={"history": at.history + [Evaluated(
         candidate=candidate(9, patch=pair.patch, proposer="offline:host-and-device"), incumbent_id=8,

@@ -12,7 +12,7 @@ from tests.profilers.test_findings import coarse
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import tail_kernel_config
 from tests.state_machine.records import candidate, checked, finding
-from tests.state_machine.replays import LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY, replayed
+from tests.state_machine.replays import LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY, S24_LARGE_HISTORY, replayed
 
 
 def test_offline_ranks_by_expected_gain_and_respects_the_device(state, ctx):
@@ -388,7 +388,8 @@ def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_befo
     """Replayed on the real profile of session 22's `large-cached` run after its last win (#12, pinned memory),
     with its history: two loader workers had measured 1.014 (interval 0.970-1.027) before pinning, and packed
     batches 0.954; session 20 accepted the workers after pinning (0.837). Both come back first, for the data phase
-    that profile blamed; the overlap (an embedding knob, untouched since) does not, and neither does 3xTF32."""
+    that profile blamed; the overlap (an embedding knob, untouched since) and 3xTF32 come back later, as changes to
+    the other side of the step than pinning's, not to the same part of it."""
     at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
                   S22_LARGE_CACHED_HISTORY)
     workers = at.history[5]
@@ -399,6 +400,46 @@ def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_befo
     assert proposals[0].rationale.startswith("tried again: candidate #6 measured 1.014 (rejected: as in that run) "
                                              "before #12 (pin_memory=True) changed the same part of the step")
     patches = [p.patch for p in proposals]
-    assert {"embedding_cache_overlap": True} not in patches and {"tail_fp32_dot": "tf32x3"} not in patches
+    for patch in ({"embedding_cache_overlap": True}, {"tail_fp32_dot": "tf32x3"}):
+        again = proposals[patches.index(patch)]
+        assert patches.index(patch) > 4 and "shortened the other side of the step" in again.rationale
     at.history[5] = workers  # shown slower (no interval: the ratio, 1.014) it stays out
     assert {"data_workers": 2} not in [p.patch for p in propose_offline(at, ctx, limit=200)]
+
+
+def test_a_device_change_hidden_by_the_host_comes_again_after_each_host_side_win(state, ctx):
+    """Session 24's `large` run: TF32 tail products (#4: 1.027, interval 0.945-1.059) and 3xTF32 ones (#3) measured
+    no difference while the step waited on its data; two loader workers (#7) and the device prefetch (#8) were then
+    accepted, and the run never tried the products again. On top of its best, with the host bundle TPE found, TF32
+    products measured 0.505. Replayed on that run's profiles: after #7 both come again first, naming #7; once more
+    after #8 if the try after #7 showed no difference again; not a fourth time; not on a CPU, where the host is the
+    device; and not one that measured slower."""
+    after_7 = replayed(state, ctx, "h200_large_s24_after_7.json", "large", {}, S24_LARGE_HISTORY[:7])
+    proposals = propose_offline(after_7, ctx, limit=200)
+    assert [p.patch for p in proposals[:2]] == [{"tail_fp32_dot": "tf32x3"}, {"tail_fp32_dot": "tf32"}]
+    assert proposals[0].rationale.startswith(
+        "tried again: candidate #3 measured 1.037 (rejected: as in that run) before #7 (data_workers=2) shortened "
+        "the other side of the step")
+    hidden_again = (8, {"tail_fp32_dot": "tf32x3"}, False, (0.99, 0.95, 1.03))
+    after_8 = replayed(state, ctx, "h200_large_s24_after_8.json", "large", {},
+                       S24_LARGE_HISTORY[:7] + [hidden_again, (9, S24_LARGE_HISTORY[7][1], True, 0.820)])
+    again = {p.patch["tail_fp32_dot"]: p for p in propose_offline(after_8, ctx, limit=200)
+             if p.rationale.startswith("tried again") and set(p.patch) == {"tail_fp32_dot"}}
+    assert set(again) == {"tf32x3", "tf32"}
+    assert "candidate #8 measured 0.990" in again["tf32x3"].rationale and "before #9" in again["tf32x3"].rationale
+
+    def then(at, cid, patch, accepted, ratio, low):
+        config = {**at.incumbent.config, **patch}
+        incumbent = at.incumbent.model_copy(update={"config": config}) if accepted else at.incumbent
+        return at.model_copy(update={"incumbent": incumbent, "history": at.history + [Evaluated(
+            candidate=candidate(cid, patch=patch), incumbent_id=9, config=config,
+            verdict=Verdict(accepted=accepted, stage="measure", reason="as in that run", ratio=ratio, ci_low=low))]})
+    third = then(then(after_8, 10, {"tail_fp32_dot": "tf32x3"}, False, 0.98, 0.95), 11, {"data_workers": 4}, True, 0.9,
+                 0.85)
+    assert {"tail_fp32_dot": "tf32x3"} not in [p.patch for p in propose_offline(third, ctx, limit=200)]
+    assert not any("shortened the other side" in p.rationale
+                   for p in propose_offline(after_7.model_copy(update={"device": "cpu"}), ctx, limit=200))
+    slower = replayed(state, ctx, "h200_large_s24_after_7.json", "large", {},
+                      [*S24_LARGE_HISTORY[:3], (4, {"tail_fp32_dot": "tf32"}, False, (1.08, 1.04, 1.12)),
+                       *S24_LARGE_HISTORY[4:7]])
+    assert {"tail_fp32_dot": "tf32"} not in [p.patch for p in propose_offline(slower, ctx, limit=200)]
