@@ -237,24 +237,23 @@ def _retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
         v, cid, tries = e.verdict, e.candidate.id, times[patch_pairs(e.candidate.patch)]
         no_difference = v.stage == "measure" and v.ratio is not None and \
             (v.ci_low if v.ci_low is not None else v.ratio) < 1.0
+        measured = f"tried again: candidate #{cid} measured {v.ratio or 0.0:.3f} (rejected: {v.reason})"
         if no_difference and tries < OTHER_SIDE_TRIES and (later := _other_side_shortened(state, space, e)) is not None:
             again[patch_pairs(e.candidate.patch)] = (
-                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
-                f"{later.candidate.id} ({later.candidate.change()}) shortened the other side of the step: a GPU step "
-                f"takes the longer of its host and device work, so a change to one side shows little while the "
-                f"other is as long")
+                f"{measured} before #{later.candidate.id} ({later.candidate.change()}) shortened the other side of "
+                f"the step: a GPU step takes the longer of its host and device work, so a change to one side shows "
+                f"little while the other is as long")
             continue
         if tries > 1:
             continue  # tried twice already
         if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
                 and now >= RETRY_AFTER * speedups[e.incumbent_id]):
             again[patch_pairs(e.candidate.patch)] = (
-                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) against an incumbent "
-                f"the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
+                f"{measured} against an incumbent the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
         elif no_difference and (later := _changed_under(state, space, e)) is not None:
             again[patch_pairs(e.candidate.patch)] = (
-                f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason}) before #"
-                f"{later.candidate.id} ({later.candidate.change()}) changed the same part of the step under it")
+                f"{measured} before #{later.candidate.id} ({later.candidate.change()}) changed the same part of the "
+                f"step under it")
         elif v.stage == "validate" and v.numerics_class in NUMERICS_ORDER:
             try:
                 resolved = space.resolve({**state.incumbent.config, **e.candidate.patch})
