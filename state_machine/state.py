@@ -236,6 +236,11 @@ class RunState(BaseModel):
         return self.recalibrations[-1].step_ms if self.recalibrations else self.baseline.step_ms
 
     @property
+    def device_kind(self) -> str:
+        """"cuda" or "cpu": the run's device without its index."""
+        return self.device.split(":")[0]
+
+    @property
     def est_step_ms(self) -> float:
         """The incumbent's step estimated from the baseline's A/A step and the accepted side-by-side ratios."""
         return self.baseline.step_ms / self.incumbent.est_speedup

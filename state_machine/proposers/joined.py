@@ -55,7 +55,7 @@ def leaning(state: RunState) -> list[Evaluated]:
 
 def _host_and_device_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]) -> Iterator[Proposal]:
     """Each leaning host-side rejection joined to each leaning device-side one (GPU runs only)."""
-    if state.device.split(":")[0] != "cuda":
+    if state.device_kind != "cuda":
         return
     for host in (e for e in leaned if side(space, e.candidate.patch) == "host"):
         for device in (e for e in leaned if side(space, e.candidate.patch) == "device"):
@@ -74,8 +74,9 @@ def _bundle_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]
     alone, but a noise floor hides a small gain, not a sum of them (at large-cached on an H200, 2026-12-03, the
     cache overlap leaned 0.926, packed batches 0.954 and TF32 tail products 0.956 under a 4.7% floor; a
     hand-composed configuration with the overlap, packed batches, 3xTF32 tail products and two loader workers had
-    measured x14.7 over the baseline the day before, where that run's best reached x7.29). Where two set the same knob, the one that
-    leaned further goes in; one the incumbent already holds does not. Its rejection does not rule out its parts."""
+    measured x14.7 over the baseline the day before, where that run's best reached x7.29). Where two set the same
+    knob, the one that leaned further goes in; one the incumbent already holds does not. Its rejection does not rule
+    out its parts."""
     current, names = space.resolve(state.incumbent.config), {k.name for k in space}
     patch: dict[str, Any] = {}
     parts: list[Evaluated] = []

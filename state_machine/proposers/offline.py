@@ -264,7 +264,7 @@ def _gain(finding: Finding | None, plausibility: float, rule: "Rule | None" = No
 def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
     current = space.resolve(state.incumbent.config)
     for rule in CATALOG:
-        if state.device.split(":")[0] not in rule.devices:
+        if state.device_kind not in rule.devices:
             continue
         if any(current.get(k) not in allowed for k, allowed in rule.requires.items()):
             continue
@@ -288,7 +288,7 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
     """One proposal per sweep value; a finding's sweep shares GENERIC_PLAUSIBILITY among its values (a blind
     sweep of n values holds one winner at best), so a big finding's long sweep does not go before the rules
     that answer a smaller one."""
-    device = state.device.split(":")[0]
+    device = state.device_kind
     current = space.resolve(state.incumbent.config)
     past = _went_past(state, space)
     for finding in findings or [None]:

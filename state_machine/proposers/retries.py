@@ -15,6 +15,7 @@ after TF32 matmuls).
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterator
 
 from state_machine.proposers import Pairs, patch_pairs
 from state_machine.proposers.joined import side
@@ -23,7 +24,8 @@ from state_machine.state import NUMERICS_ORDER, Evaluated, RunState
 from targets.protocol import ConfigError, KnobSpace
 
 RETRY_AFTER = 1.25  # how much faster the incumbent must have become for a leaning rejection to be tried again
-OTHER_SIDE_TRIES = 3  # tries at most of a change that measured no-difference, one more after each change to the step's other side
+# tries at most of a change that measured no-difference: one more after each later change to the step's other side
+OTHER_SIDE_TRIES = 3
 
 
 def _speedups(state: RunState) -> dict[int | None, float]:
@@ -56,27 +58,23 @@ def retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
     times = Counter(patch_pairs(e.candidate.patch) for e in rejections)
     last = {patch_pairs(e.candidate.patch): e for e in rejections}  # each patch's latest try
     again = {}
-    for e in last.values():
-        v, cid, tries = e.verdict, e.candidate.id, times[patch_pairs(e.candidate.patch)]
-        no_difference = v.stage == "measure" and v.ratio is not None and \
-            (v.ci_low if v.ci_low is not None else v.ratio) < 1.0
-        measured = f"tried again: candidate #{cid} measured {v.ratio or 0.0:.3f} (rejected: {v.reason})"
+    for key, e in last.items():
+        v, cid, tries = e.verdict, e.candidate.id, times[key]
+        timed = v.stage == "measure" and v.ratio is not None
+        no_difference = timed and (v.ci_low if v.ci_low is not None else v.ratio) < 1.0
+        measured = f"tried again: candidate #{cid} measured {v.ratio:.3f} (rejected: {v.reason})" if timed else ""
         if no_difference and tries < OTHER_SIDE_TRIES and (later := _other_side_shortened(state, space, e)) is not None:
-            again[patch_pairs(e.candidate.patch)] = (
-                f"{measured} before #{later.candidate.id} ({later.candidate.change()}) shortened the other side of "
-                f"the step: a GPU step takes the longer of its host and device work, so a change to one side shows "
-                f"little while the other is as long")
-            continue
-        if tries > 1:
+            again[key] = (f"{measured} before #{later.candidate.id} ({later.candidate.change()}) shortened the other "
+                          f"side of the step: a GPU step takes the longer of its host and device work, so a change to "
+                          f"one side shows little while the other is as long")
+        elif tries > 1:
             continue  # tried twice already
-        if (v.stage == "measure" and v.ratio is not None and v.ratio < 1.0 and e.incumbent_id in speedups
-                and now >= RETRY_AFTER * speedups[e.incumbent_id]):
-            again[patch_pairs(e.candidate.patch)] = (
-                f"{measured} against an incumbent the run has since made x{now / speedups[e.incumbent_id]:.2f} faster")
+        elif timed and v.ratio < 1.0 and e.incumbent_id in speedups and now >= RETRY_AFTER * speedups[e.incumbent_id]:
+            again[key] = (f"{measured} against an incumbent the run has since made "
+                          f"x{now / speedups[e.incumbent_id]:.2f} faster")
         elif no_difference and (later := _changed_under(state, space, e)) is not None:
-            again[patch_pairs(e.candidate.patch)] = (
-                f"{measured} before #{later.candidate.id} ({later.candidate.change()}) changed the same part of the "
-                f"step under it")
+            again[key] = (f"{measured} before #{later.candidate.id} ({later.candidate.change()}) changed the same "
+                          f"part of the step under it")
         elif v.stage == "validate" and v.numerics_class in NUMERICS_ORDER:
             try:
                 resolved = space.resolve({**state.incumbent.config, **e.candidate.patch})
@@ -84,11 +82,16 @@ def retryable(state: RunState, space: KnobSpace) -> dict[Pairs, str]:
                 continue
             held_to = numerics_class(state, space, resolved, state.incumbent.kernels)
             if NUMERICS_ORDER.index(held_to) > NUMERICS_ORDER.index(v.numerics_class):
-                again[patch_pairs(e.candidate.patch)] = (
+                again[key] = (
                     f"tried again: candidate #{cid} was held to the {v.numerics_class} bands ({v.reason}); on top of "
                     f"the incumbent, which has since taken a {held_to} change, the same patch is held to the "
                     f"{held_to} bands, as every candidate after that change is")
     return again
+
+
+def _accepted_after(state: RunState, rejected: Evaluated) -> Iterator[Evaluated]:
+    """The changes accepted after ``rejected``, in order."""
+    return (e for e in state.history[state.history.index(rejected) + 1:] if e.verdict.accepted)
 
 
 def _changed_under(state: RunState, space: KnobSpace, rejected: Evaluated) -> Evaluated | None:
@@ -99,27 +102,22 @@ def _changed_under(state: RunState, space: KnobSpace, rejected: Evaluated) -> Ev
     of it (2026-12-02), where the workers' batches reach the device through pinned slots."""
     names, tried = {k.name for k in space}, set(rejected.candidate.patch)
     categories = {space[k].category for k in tried if k in names}
-    after = state.history[state.history.index(rejected) + 1:]
-    return next((e for e in after if e.verdict.accepted and not e.candidate.kernels
+    return next((e for e in _accepted_after(state, rejected) if not e.candidate.kernels
                  and categories & {space[k].category for k in set(e.candidate.patch) - tried if k in names}), None)
 
 
 def _other_side_shortened(state: RunState, space: KnobSpace, rejected: Evaluated) -> Evaluated | None:
-    """On a GPU, the first change accepted after ``rejected`` that works on the other side of the step (``joined.side``:
-    the host's batches and launches, or the device's kernels), if any. At `large` on an H200 (2026-12-03) TF32 tail
-    products measured 1.027 (interval 0.945-1.059) while the step waited on its data; two loader workers and the
-    device prefetch were accepted after it, and on top of them TF32 products with the host bundle TPE had found
-    (4 workers, packed batches, half the threads, the foreach optimizer) ran 0.505 against the bundle alone, which was 0.977 against that
-    incumbent (``sg-opt bench --vs``, docs/results/2026-12-03-h200-large-s24/diag/)."""
-    if state.device.split(":")[0] != "cuda" or rejected.candidate.kernels:
+    """On a GPU, the first change accepted after ``rejected`` that works on the other side of the step
+    (``joined.side``: the host's batches and launches, or the device's kernels), if any. At `large` on an H200
+    (2026-12-03) TF32 tail products measured 1.027 (interval 0.945-1.059) while the step waited on its data; two
+    loader workers and the device prefetch were accepted after it, and on top of them TF32 products with the host
+    bundle TPE had found (4 workers, packed batches, half the threads, the foreach optimizer) ran 0.505 against the
+    bundle alone, which was 0.977 against that incumbent (``sg-opt bench --vs``,
+    docs/results/2026-12-03-h200-large-s24/diag/)."""
+    mine = side(space, rejected.candidate.patch) if not rejected.candidate.kernels else None
+    if state.device_kind != "cuda" or mine is None:
         return None
-    mine = side(space, rejected.candidate.patch)
-    if mine is None:
-        return None
-    after = state.history[state.history.index(rejected) + 1:]
-    for e in after:
-        if not e.verdict.accepted:
-            continue
+    for e in _accepted_after(state, rejected):
         sides = {"device"} if e.candidate.kernels else {side(space, {k: v}) for k, v in e.candidate.patch.items()}
         if sides - {mine, None}:
             return e
