@@ -27,7 +27,7 @@ import torch
 GRID = tuple(itertools.product((32, 64, 128), (4, 8), (1, 2, 3)))
 QUICK_GRID = ((32, 4, 3), (64, 4, 1), (64, 4, 3), (64, 8, 3), (128, 4, 3))
 SMOKE_GRID = ((16, 4, 1), (32, 4, 2))
-SMOKE_SHAPE = {"B": 20, "Ht": 24, "L": 96, "F": 8, "G": 8}
+SMOKE_SHAPE = {"B": 20, "Ht": 9, "L": 24, "F": 8, "G": 8}  # K=3 groups; B=20: two chunks at BLOCK_B 16
 FORMATS = ("list", "bits")
 
 

@@ -52,7 +52,8 @@ POSITIVES_PER_ROW = 5
 PERLABEL_CHECK_LABELS = 65_536
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # max error / max |reference|
 MAIN = {"B": 256, "Ht": 768, "L": 670_080, "F": 64, "G": 32}
-SMOKE = ({"B": 8, "Ht": 24, "L": 96, "F": 8, "G": 8}, {"B": 5, "Ht": 20, "L": 84, "F": 6, "G": 12})
+# CPU interpreter: few groups (odd K=3, even K=2) and dims (each a segment-sum program), non-power-of-two G and F
+SMOKE = ({"B": 8, "Ht": 9, "L": 24, "F": 8, "G": 8}, {"B": 5, "Ht": 7, "L": 24, "F": 6, "G": 12})
 TUNE_GRID = tuple((b, w, s) for b in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))
 SMOKE_TUNE_GRID = ((16, 4, 2), (32, 2, 3))
 FORWARD_PAIRED = "tail_forward_2gpp"  # check / tune name of the forward at groups_per_program=2

@@ -2,15 +2,34 @@
 
 import json
 import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+import sg_opt.bench
 from sg_opt.cli import app
+from sg_opt.cli_common import console
 from targets.registry import entry_point_targets
+from targets.worker_client import descendants, kill_tree, parent_of, run_worker
+from targets.worker_protocol import WorkerRequest
 
 runner = CliRunner()
+FAULTY = "tests.fixtures.faulty_target:target"
+
+
+@pytest.fixture
+def fork_server_running():
+    """A fork server already up for this process's workers, as for all but a session's first: a time limit that
+    covers a worker's start (an A/B measurement's) then times the worker, not the seconds a new server spends
+    importing torch."""
+    assert run_worker(WorkerRequest(target=FAULTY, size="tiny", mode="bench", warmup=0, steps=1), timeout_s=120).ok
 
 
 def test_targets_json_lists_knobs_with_reasons():
@@ -57,12 +76,30 @@ def test_bench_tiny_prints_tables():
         assert word in result.stdout
 
 
-def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times():
-    result = runner.invoke(app, ["bench", "--ranks", "2", "--size", "tiny", "--steps", "3", "--warmup", "1",
+def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times(monkeypatch):
+    """The table, and the two-rank worker's result it shows, which reports each step's slowest rank: one job for
+    both (each of its processes spends seconds importing torch), the rest of the ranked worker in
+    tests/distributed/test_rank_worker.py."""
+    results = []
+
+    def run_and_keep(*args, **kwargs):
+        results.append(run_worker(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(sg_opt.bench, "run_worker", run_and_keep)
+    result = runner.invoke(app, ["bench", "--ranks", "2", "--size", "tiny", "--steps", "6", "--warmup", "2",
                                  "--phase-steps", "1"])
     assert result.exit_code == 0, result.output
     for word in ("2 ranks", "median ms", "median ms per rank: rank 0:", "input_dist"):
         assert word in result.stdout
+    (job,) = results
+    assert job.ok, job.failure
+    bench = job.bench
+    assert len(bench.rank_step_s) == 2 and all(len(times) == 6 for times in bench.rank_step_s)
+    assert bench.step_s == [max(a, b) for a, b in zip(*bench.rank_step_s)]
+    assert bench.rank_median_s == [statistics.median(times) for times in bench.rank_step_s]
+    assert bench.samples_per_step == 32 and "input_dist" in bench.phase_s  # the global batch, sharded phases
+    assert job.environment.ranks == 2
 
 
 @pytest.mark.parametrize("args,words", [
@@ -81,8 +118,9 @@ def _write_xc(path, lines):
 
 
 def test_bench_that_hangs_exits_1_saying_where_it_waited():
-    result = runner.invoke(app, ["bench", "--target", "tests.fixtures.faulty_target:target", "--size", "tiny",
-                                 "--set", "behaviour=hang", "--timeout", "6"])
+    # the time limit starts once the worker is forked; one of this request reaches its hang within 0.3 s
+    result = runner.invoke(app, ["bench", "--target", FAULTY, "--size", "tiny", "--set", "behaviour=hang",
+                                 "--timeout", "3"])
     assert result.exit_code == 1
     assert "(timeout)" in result.output and "where each process waited" in result.output
     assert "in _misbehave" in result.output and "Traceback" not in result.output
@@ -110,10 +148,13 @@ def test_bench_on_a_malformed_file_names_the_line(tmp_path):
     assert "line 3" in result.output and "Traceback" not in result.output
 
 
-def test_profile_tiny_prints_phases_ops_and_findings(tmp_path):
+def test_profile_tiny_prints_phases_ops_and_findings(tmp_path, monkeypatch):
+    # 160 columns, as COLUMNS=160 would give, but not through the environment: the worker inherits it, and each
+    # change of the workers' environment starts a fork server anew (seconds of torch imports), here and after
+    monkeypatch.setattr(console, "_width", 160)
     trace = tmp_path / "trace.json"
     result = runner.invoke(app, ["profile", "--size", "tiny", "--steps", "3", "--warmup", "1", "--threads", "1",
-                                 "--trace", str(trace)], env={"COLUMNS": "160"})
+                                 "--trace", str(trace)])
     assert result.exit_code == 0, result.output
     for word in ("named phases", "optimizer", "top ops", "findings"):
         assert word in result.stdout
@@ -156,50 +197,79 @@ def test_optimize_odd_block_counts_are_a_usage_error(tmp_path, option):
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
 
 
-def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_path):
+def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_path, fork_server_running):
     fine = tmp_path / "fine.toml"
     fine.write_text('behaviour = "ok"\n')
-    result = runner.invoke(app, ["bench", "--target", "tests.fixtures.faulty_target:target", "--size", "tiny",
-                                 "--set", "behaviour=hang", "--vs", str(fine), "--timeout", "6", "--blocks", "2"])
+    # forked, the incumbent's worker reaches its hang within 0.3 s of the measurement's start
+    result = runner.invoke(app, ["bench", "--target", FAULTY, "--size", "tiny", "--set", "behaviour=hang",
+                                 "--vs", str(fine), "--timeout", "3", "--blocks", "2"])
     assert result.exit_code == 1
     assert "the noise floor could not be set (timeout)" in result.output
     assert "where each process waited" in result.output and "in _misbehave" in result.output
 
 
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
-def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was(signum):
+def _cpu_ticks(pid: int) -> tuple[str, int] | None:
+    """(scheduler state, user + system CPU ticks) of a process, from /proc/PID/stat; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def _processes_once_the_worker_waits(pid: int, quiet_s: float = 0.5, timeout_s: float = 120.0) -> list[int]:
+    """The processes below ``pid`` once the worker among them has reached its hang: a process with none below it
+    that has slept (S) without using the CPU for ``quiet_s``, or for 4x as long if ``pid`` started it itself (the
+    worker, without a fork server; the server, idle for an instant between its imports and the first fork). One
+    importing or building uses the CPU, or waits for it (R) on a busy machine. After ``timeout_s``, whatever is
+    there."""
+    deadline, quiet_since = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        below = {p: parent_of(p) for p in descendants(pid)}
+        for leaf in set(below) - set(below.values()):
+            now, stat = time.monotonic(), _cpu_ticks(leaf)
+            if stat is None or stat[0] != "S":
+                quiet_since.pop(leaf, None)
+            elif quiet_since.get(leaf, (None,))[0] != stat[1]:
+                quiet_since[leaf] = (stat[1], now)
+            elif now - quiet_since[leaf][1] >= quiet_s * (4 if below[leaf] == pid else 1):
+                return list(below)
+        time.sleep(0.1)
+    return descendants(pid)
+
+
+def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was():
     """`timeout` ends an agent's slice with SIGTERM, a user with Ctrl-C: the command unwinds, asks its worker for
     its stacks, kills it (a worker runs in a session of its own, so it would otherwise run on, orphaned) and exits
-    143 or 130."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    from targets.worker_client import descendants, kill_tree
+    143 or 130. One command for each signal, side by side: each spends seconds importing torch, its fork server
+    more."""
     root = Path(__file__).resolve().parents[1]
     # as from a terminal: a test run in the background (CI, `make test &`) would pass on an ignored SIGINT
-    proc = subprocess.Popen([sys.executable, "-m", "sg_opt.cli", "bench", "--target", "tests.fixtures.faulty_target:target",
-                             "--size", "tiny", "--set", "behaviour=hang", "--timeout", "300"], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    procs = {signum: subprocess.Popen([sys.executable, "-m", "sg_opt.cli", "bench", "--target", FAULTY, "--size",
+                                       "tiny", "--set", "behaviour=hang", "--timeout", "300"], cwd=root,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+             for signum in ("SIGTERM", "SIGINT")}
     try:
-        deadline = time.monotonic() + 120
-        while not descendants(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(6)  # the worker builds the tiny session and reaches its hang
-        below = descendants(proc.pid)
-        assert below, "the worker never started"
-        proc.send_signal(getattr(signal, signum))
-        _, err = proc.communicate(timeout=60)
+        below, errs = {}, {}
+        for signum, proc in procs.items():
+            below[signum] = _processes_once_the_worker_waits(proc.pid)  # it built the session and reached its hang
+            assert below[signum], f"{signum}: the worker never started"
+        for signum, proc in procs.items():
+            proc.send_signal(getattr(signal, signum))
+        for signum, proc in procs.items():
+            errs[signum] = proc.communicate(timeout=60)[1]
     finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-            proc.kill()
-    assert proc.returncode == 128 + getattr(signal, signum), err
-    assert f"stopped by {signum}" in err and "where it was" in err and "in _misbehave" in err
+        for proc in procs.values():
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+                proc.kill()
+    for signum, proc in procs.items():
+        err = errs[signum]
+        assert proc.returncode == 128 + getattr(signal, signum), err
+        assert f"stopped by {signum}" in err and "where it was" in err and "in _misbehave" in err
+    left = [pid for pids in below.values() for pid in pids]
     deadline = time.monotonic() + 15
-    while any(Path(f"/proc/{pid}").exists() for pid in below) and time.monotonic() < deadline:
+    while any(Path(f"/proc/{pid}").exists() for pid in left) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in below if Path(f"/proc/{pid}").exists()]
+    assert not [pid for pid in left if Path(f"/proc/{pid}").exists()]

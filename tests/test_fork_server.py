@@ -47,8 +47,14 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def worker_env(tree: Path, server: str = "1", extra: dict | None = None) -> dict[str, str]:
+    """One environment for the workers of every test here (but where a test changes it), so that they share one
+    server: each new one spends seconds importing torch."""
+    return scrubbed_env({"SG_OPT_TEST_X": "seen", "SG_OPT_FORK_SERVER": server, **(extra or {})}, root=str(tree))
+
+
 def run(tree: Path, how: str, server: str = "1", cpus=None, extra: dict | None = None):
-    env = scrubbed_env({"SG_OPT_TEST_X": "seen", "SG_OPT_FORK_SERVER": server, **(extra or {})}, root=str(tree))
+    env = worker_env(tree, server, extra)
     err = open(tree / f"stderr-{how}-{server}", "w+b")
     proc = start_python("reporter_mod", [how, "second"], env, cwd=str(tree), stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE, stderr=err, cpus=cpus)
@@ -104,10 +110,22 @@ def test_crashes_signals_and_hangs_end_as_they_would_in_a_subprocess(tree):
     assert proc.wait(30) == -signal.SIGKILL
 
 
+def test_a_worker_killed_as_soon_as_it_started_is_killed(tree):
+    """The pid comes back once the child leads its own session, so killing its process group reaches it even
+    before it has run a line of its own (kill_tree right after start)."""
+    for _ in range(5):
+        proc = start_python("reporter_mod", ["sleep"], worker_env(tree), cwd=str(tree), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+        assert isinstance(proc, ForkedProcess)
+        assert os.getsid(proc.pid) == proc.pid
+        kill_tree(proc.pid)
+        assert proc.wait(10) == -signal.SIGKILL
+
+
 def test_the_server_is_started_again_when_the_environment_changes(tree):
-    first = run(tree, "0", extra={"SG_OPT_TEST_Y": "1"})
-    again = run(tree, "0", extra={"SG_OPT_TEST_Y": "1", "PYTEST_CURRENT_TEST": "another test"})
-    changed = run(tree, "0", extra={"SG_OPT_TEST_Y": "2"})
+    first = run(tree, "0")  # the environment of the tests above (their server, where they ran before)
+    again = run(tree, "0", extra={"PYTEST_CURRENT_TEST": "another test"})
+    changed = run(tree, "0", extra={"SG_OPT_TEST_X": "changed"})
     for proc, _, _ in (first, again, changed):
         assert proc.wait(30) == 0
     assert first[1]["ppid"] == again[1]["ppid"] != changed[1]["ppid"]
@@ -152,16 +170,3 @@ def test_a_forked_worker_gets_the_gpu_it_is_given(tmp_path):
     proc = start_python("cuda_mod", [], env, cwd=str(tmp_path), stdout=subprocess.PIPE)
     assert isinstance(proc, ForkedProcess), "the server refused to serve (did its imports load the CUDA driver?)"
     assert proc.stdout.readline().split() == ["1024", "1"] and proc.wait(60) == 0
-
-
-def test_a_worker_killed_as_soon_as_it_started_is_killed(tree):
-    """The pid comes back once the child leads its own session, so killing its process group reaches it even
-    before it has run a line of its own (kill_tree right after start)."""
-    for _ in range(5):
-        env = scrubbed_env({"SG_OPT_FORK_SERVER": "1"}, root=str(tree))
-        proc = start_python("reporter_mod", ["sleep"], env, cwd=str(tree), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
-        assert isinstance(proc, ForkedProcess)
-        assert os.getsid(proc.pid) == proc.pid
-        kill_tree(proc.pid)
-        assert proc.wait(10) == -signal.SIGKILL

@@ -234,7 +234,7 @@ def test_every_knob_value_trains(change):
         with pytest.raises(ConfigError, match="fan"):
             train(change, steps=1)
         return
-    losses, _ = train(change, steps=3)
+    losses, _ = train(change, steps=2)  # an update, then a step on the updated parameters
     assert all(torch.isfinite(torch.tensor(losses)))
 
 

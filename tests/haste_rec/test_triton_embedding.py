@@ -40,7 +40,9 @@ DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max error / max |reference|
 SHAPES = [
     {"T": 3, "B": 7, "P": 5, "R": 50, "D": 13, "Q": 11, "weighted": 1, "ragged": 1},   # repeats, empty bags
-    {"T": 2, "B": 33, "P": 9, "R": 1000, "D": 70, "Q": 5, "weighted": 0, "ragged": 1},  # hot rows > chunk
+    # hot rows > chunk (32 too: B*P lookups over Q rows); interpreted at fewer bags (each a slow program there)
+    {"T": 2, "B": 33, "P": 9, "R": 1000, "D": 70, "Q": 5, "weighted": 0, "ragged": 1} if ON_GPU else
+    {"T": 2, "B": 12, "P": 9, "R": 1000, "D": 70, "Q": 3, "weighted": 0, "ragged": 1},
     {"T": 2, "B": 3, "P": 2, "R": 7, "D": 4100, "Q": 3, "weighted": 1, "ragged": 0},    # rows wider than a tile
     {"T": 1, "B": 1, "P": 1, "R": 1, "D": 1, "Q": 1, "weighted": 1, "ragged": 1},       # unit
 ] + ([
@@ -401,10 +403,10 @@ def _numerics(overrides: dict, steps: int):
 
 
 def test_trainer_backend_triton_within_the_reorder_band() -> None:
-    """size tiny, grad mode fused: triton vs torch by validators.numerics (30 steps on a GPU, 6 interpreted),
+    """size tiny, grad mode fused: triton vs torch by validators.numerics (30 steps on a GPU, 3 interpreted),
     with the kernels' default meta-parameters and with non-default embedding_* kernel knobs."""
     from validators.numerics import compare
-    steps = 30 if ON_GPU else 6
+    steps = 30 if ON_GPU else 3
     base, _ = _numerics({"embedding_grad_mode": "fused"}, steps)
     cand, session = _numerics({"embedding_grad_mode": "fused", "embedding_backend": "triton"}, steps)
     assert session.model.embeddings.cfg.backend == "triton", \

@@ -242,7 +242,7 @@ def test_config_resolution_is_a_fixed_rule() -> None:
         TailKernelConfig(fp32_precision="fp16").dot_precision(torch.float32)
 
 
-@pytest.mark.parametrize("stages", [1, 2, 4])
+@pytest.mark.parametrize("stages", [1, 2, 4] if DEVICE == "cuda" else [1])  # the interpreter drops num_stages
 def test_num_stages_does_not_change_bits(stages: int) -> None:
     """tail_num_stages is declared numerics "exact": prefetch depth must not move a bit."""
     shape = CASES[-1] if DEVICE == "cuda" else SHAPES[2]

@@ -2,6 +2,8 @@
 reference trainer, a structured failure for a bad config, a crash or a hang; and, in process, the
 failure kinds the worker maps workload errors to."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,12 +16,16 @@ from targets.worker import NonFiniteLoss
 FAULTY = "tests.fixtures.faulty_target:target"
 
 
-@pytest.fixture
-def env(tmp_path):
-    return {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A cache folder of the module's own, one for all its workers: their environments are then the same, so they
+    share one fork server (each new environment starts another, seconds of torch imports)."""
+    return {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
 
 
 def test_tiny_reference_trainer_is_profiled_end_to_end(env, tmp_path):
+    cache = Path(env["XDG_CACHE_HOME"]) / "sg-opt"
+    assert not cache.exists()  # made by this run's ceilings, below
     trace = tmp_path / "trace.json"
     req = ProfileRequest(target="haste-rec", size="tiny", threads=1, warmup=2, profile_steps=5, fine=True,
                          fine_repeats=3, quick_ceilings=True, trace=str(trace))
@@ -27,7 +33,7 @@ def test_tiny_reference_trainer_is_profiled_end_to_end(env, tmp_path):
     assert isinstance(result, ProfileResult) and result.ok, result.failure
     assert result.coarse.steps == 5 and result.coarse.attributed_share > 0.5 and trace.stat().st_size > 0
     assert [s.slot for s in result.fine.slots] == ["tail_forward", "tail_backward_weight", "tail_backward_input"]
-    assert result.fine.ceilings.quick and (tmp_path / "cache" / "sg-opt").is_dir()
+    assert result.fine.ceilings.quick and cache.is_dir()
     gains = [f.amdahl_gain for f in result.findings]
     assert gains and gains == sorted(gains, reverse=True)
     assert result.config["precision"] == "fp32" and result.counters["steps"] == 2 + 5 + 1 + 5 + 5

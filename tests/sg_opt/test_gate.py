@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sg_opt import saved_baseline
+from sg_opt import gate_report, saved_baseline
 from sg_opt.cli import app
 from sg_opt.gate import is_regression, judge_step_time
+from sg_opt.gate_report import write_reports
 from targets.worker_client import scrubbed_env
 from targets.worker_protocol import Environment
 
@@ -120,7 +121,15 @@ def worktrees(repo: Path) -> int:
 
 def test_unchanged_tree_passes_with_reports(repo, tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+
+    def write_reports_on_github(*args, **kwargs):
+        # GitHub sets $GITHUB_STEP_SUMMARY for the whole job; here it is set as the gate writes its reports, where
+        # it is read. Set before, it would be in the workers' environment, and each change of that starts another
+        # fork server (seconds of torch imports): one for this test, one more for the next.
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+        return write_reports(*args, **kwargs)
+
+    monkeypatch.setattr(gate_report, "write_reports", write_reports_on_github)
     result = gate("--ref", "HEAD", "--blocks", "6", "--junit", str(tmp_path / "gate.xml"), "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -7,21 +7,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from targets.fork_server import start_python
 from targets.protocol import Target
-from targets.worker_client import scrubbed_env
+from targets.worker_client import kill_tree, run_worker, scrubbed_env
 from targets.worker_protocol import WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
 from tests.validators.test_speedup import INCUMBENT
 from validators.ab_runner import shared_cpus
 from validators.ab_stats import block_order
-from validators.speedup import MAX_STEP_FACTOR, assert_sides, measure_ab
+from validators.speedup import MAX_STEP_FACTOR, ABResult, assert_sides, measure_ab
 
 
 def _loud_build(config, size, kernels, device, seed=0):
@@ -36,17 +37,29 @@ LOUD_SPEC = WorkerRequest(target="tests.validators.test_ab_workers:LOUD", size="
 
 
 def test_worker_protocol_keeps_stdout_clean(tmp_path):
+    """As a measurement starts it (forked by the fork server, or `python -m` where there is none)."""
     request = tmp_path / "request.json"
     request.write_text(LOUD_SPEC.model_dump_json())
     commands = "\n".join(json.dumps(c) for c in ({"cmd": "run", "steps": 4}, {"cmd": "run", "steps": 2},
                                                  {"cmd": "quit"})) + "\n"
-    done = subprocess.run([sys.executable, "-m", "validators.ab_worker", "--request", str(request)], input=commands,
-                          capture_output=True, text=True, timeout=120, env=scrubbed_env(), cwd=Path.cwd())
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "stderr.txt", "w+") as err:
+        proc = start_python("validators.ab_worker", ["--request", str(request)], scrubbed_env(), cwd=str(Path.cwd()),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        try:
+            proc.stdin.write(commands)
+            proc.stdin.close()
+            code = proc.wait(120)  # it answers in three short lines and quits
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+        stdout = proc.stdout.read()
+        err.seek(0)
+        stderr = err.read()
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert code == 0, stderr
     assert lines[0]["ready"] and lines[0]["config"] == {"behaviour": "ok"}
     assert [len(r["step_s"]) for r in lines[1:]] == [4, 2] and all(r["loss_finite"] for r in lines[1:])
-    assert "must not reach the protocol" in done.stderr and "native output" in done.stderr
+    assert "must not reach the protocol" in stderr and "native output" in stderr
 
 
 @pytest.mark.parametrize("behaviour,kind", [("raise", "exception"), ("nan", "nan"), ("crash", "crash")])
@@ -60,19 +73,31 @@ def test_a_failing_side_fails_the_measurement_with_its_label(behaviour, kind):
         assert "SIGABRT" in result.failure.message
 
 
-def test_a_hanging_side_is_killed_at_the_time_limit():
+@pytest.fixture(scope="module")
+def hung_measurements() -> dict[str, ABResult]:
+    """The two measurements below whose one side hangs, at once: each waits out its time limit. Their workers are
+    forked by a fork server already up (as for all but a session's first measurement), so that the limit, which
+    covers the workers' start, times the measurement (a sound one of these sides takes about 1 s), not the seconds
+    a new server spends importing torch."""
     ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    hang = ok.model_copy(update={"config": {"behaviour": "hang"}})
-    result = measure_ab(hang, ok, blocks=2, steps_per_block=2, timeout_s=10, label_a="left", label_b="right")
+    assert run_worker(ok.model_copy(update={"steps": 1}), timeout_s=120).ok
+    hang, in_child = (ok.model_copy(update={"config": {"behaviour": b}}) for b in ("hang", "hang-in-child"))
+    with ThreadPoolExecutor(2) as pool:
+        running = {"hang": pool.submit(measure_ab, hang, ok, blocks=2, steps_per_block=2, timeout_s=5, label_a="left",
+                                       label_b="right"),
+                   "hang-in-child": pool.submit(measure_ab, ok, in_child, blocks=2, steps_per_block=2, timeout_s=5)}
+        return {name: future.result() for name, future in running.items()}
+
+
+def test_a_hanging_side_is_killed_at_the_time_limit(hung_measurements):
+    result = hung_measurements["hang"]
     assert result.verdict == "failed" and result.failure.kind == "timeout" and result.failure.message.startswith("left")
-    assert result.wall_s < 25
+    assert result.wall_s < 5 + 15
 
 
-def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited():
+def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited(hung_measurements):
     """As a loader worker stuck under a trainer waiting for its batch: the failure holds both processes' stacks."""
-    ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    hang = ok.model_copy(update={"config": {"behaviour": "hang-in-child"}})
-    result = measure_ab(ok, hang, blocks=2, steps_per_block=2, timeout_s=10)
+    result = hung_measurements["hang-in-child"]
     assert result.verdict == "failed" and result.failure.kind == "timeout"
     detail = result.failure.detail
     assert "in _misbehave" in detail and "in _sleep_in_child" in detail  # the trainer's wait, the child's sleep
