@@ -23,7 +23,7 @@ REPORTER = textwrap.dedent("""
     line = sys.stdin.readline().strip()
     print(json.dumps({
         "line": line, "argv": sys.argv[1:], "cwd": os.getcwd(), "path": sys.path[:2],
-        "x": os.environ.get("SG_OPT_TEST_X"), "cpus": sorted(os.sched_getaffinity(0)),
+        "x": os.environ.get("CUDA_VISIBLE_DEVICES"), "cpus": sorted(os.sched_getaffinity(0)),
         "own_session": os.getsid(0) == os.getpid(), "name": __name__, "ppid": os.getppid(),
         "project_modules": sorted(m for m in sys.modules if m.split(".")[0] in %r),
         "draws": [random.random(), float(numpy.random.random())]}))
@@ -48,9 +48,13 @@ def tree(tmp_path: Path) -> Path:
 
 
 def worker_env(tree: Path, server: str = "1", extra: dict | None = None) -> dict[str, str]:
-    """One environment for the workers of every test here (but where a test changes it), so that they share one
-    server: each new one spends seconds importing torch."""
-    return scrubbed_env({"SG_OPT_TEST_X": "seen", "SG_OPT_FORK_SERVER": server, **(extra or {})}, root=str(tree))
+    """The environment of every other test's workers (the server on, as by default), so that they share the server
+    already up (each new environment starts another, seconds of torch imports); and a variable to see that is the
+    worker's own, CUDA_VISIBLE_DEVICES (the server is not started again for it, so a forked child has it from its
+    request alone)."""
+    env = scrubbed_env({"CUDA_VISIBLE_DEVICES": "7", **(extra or {})}, root=str(tree))
+    env.pop("SG_OPT_FORK_SERVER", None)
+    return env if server == "1" else {**env, "SG_OPT_FORK_SERVER": server}
 
 
 def run(tree: Path, how: str, server: str = "1", cpus=None, extra: dict | None = None):
@@ -77,7 +81,7 @@ def test_a_forked_worker_sees_what_a_fresh_interpreter_would(tree):
     assert forked.wait(30) == plain.wait(30) == 3
     for key in ("line", "argv", "cwd", "path", "x", "cpus", "own_session", "name", "project_modules"):
         assert seen[key] == expected[key], key
-    assert seen["path"][0] == str(tree) and seen["project_modules"] == []
+    assert seen["path"][0] == str(tree) and seen["project_modules"] == [] and seen["x"] == "7"
     assert seen["draws"] != expected["draws"]
     assert "a line for stderr" in stderr_of(err)
 
@@ -123,9 +127,9 @@ def test_a_worker_killed_as_soon_as_it_started_is_killed(tree):
 
 
 def test_the_server_is_started_again_when_the_environment_changes(tree):
-    first = run(tree, "0")  # the environment of the tests above (their server, where they ran before)
+    first = run(tree, "0")  # the environment of every other test's workers: their server, where one is up
     again = run(tree, "0", extra={"PYTEST_CURRENT_TEST": "another test"})
-    changed = run(tree, "0", extra={"SG_OPT_TEST_X": "changed"})
+    changed = run(tree, "0", extra={"SG_OPT_TEST_Y": "2"})
     for proc, _, _ in (first, again, changed):
         assert proc.wait(30) == 0
     assert first[1]["ppid"] == again[1]["ppid"] != changed[1]["ppid"]

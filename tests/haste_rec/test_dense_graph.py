@@ -92,7 +92,7 @@ def test_the_graphed_step_computes_the_eager_step_on_the_cpu(monkeypatch):
     """Everything but the capture itself, on the CPU (Triton's interpreter): the parts, their parameters,
     the positives as a bitmask, the phases, a replay without a recapture and the recapture after a rewire.
     make_graphed_callables is replaced by one that returns the parts as they are, so the step must equal the
-    eager one bit for bit."""
+    eager one bit for bit. Groups of 16: half as many tail groups, each a slow program in the interpreter."""
     import targets.haste_rec.dense_graph as dense_graph
     import targets.haste_rec.session as session_module
     from targets.haste_rec.triton_tail import interpreter_active
@@ -111,8 +111,8 @@ def test_the_graphed_step_computes_the_eager_step_on_the_cpu(monkeypatch):
     monkeypatch.setattr(session_module, "check_dense_graph", lambda config, device: None)
 
     def run(graphed: bool):
-        session = build(KNOB_SPACE.resolve({**FUSED, "dense_cuda_graph": graphed, "rewire_every": 2}), "tiny", {},
-                        "cpu", 0)
+        config = {**FUSED, "dense_cuda_graph": graphed, "rewire_every": 2, "group_size": 16}
+        session = build(KNOB_SPACE.resolve(config), "tiny", {}, "cpu", 0)
         return [float(session.step()) for _ in range(3)], session
     eager, _ = run(False)
     graphed, session = run(True)

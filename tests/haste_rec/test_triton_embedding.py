@@ -348,14 +348,19 @@ STORE_CONFIGS = [("device", "fused", {}), ("device", "sparse", {}), ("cached", "
 
 
 @pytest.mark.parametrize("placement,grad_mode,caches", STORE_CONFIGS)
-def test_store_backend_triton_follows_torch(placement: str, grad_mode: str, caches: dict) -> None:
-    """The store's ten-step trajectory (test_embeddings) with backend triton: reorder-close to torch's,
-    and the cache sees the same hits, misses and traffic (the riding state updated in its weights' slots)."""
+def test_store_backend_triton_follows_torch(placement: str, grad_mode: str, caches: dict, monkeypatch) -> None:
+    """The store's ten-step trajectory (test_embeddings; its first five interpreted, where each lookup and
+    update is slow, and the caches already hit, miss and write back) with backend triton: reorder-close to
+    torch's, and the cache sees the same hits, misses and traffic (the riding state updated in its weights'
+    slots)."""
+    if not ON_GPU:
+        monkeypatch.setattr(store_tests, "STEPS", 5)
     cfg = replace(store_tests.BASE, placement=placement, grad_mode=grad_mode, **caches)
     want = store_tests.train(cfg, DEVICE)
     got = store_tests.train(replace(cfg, backend="triton"), DEVICE)
     store_tests.assert_same(got, want, exact=False)
-    store_tests.assert_same(got, store_tests.reference(DEVICE, "fused"), exact=False)
+    # store_tests.reference(DEVICE, "fused"), not from its cache (which holds the ten-step trajectory)
+    store_tests.assert_same(got, store_tests.train(replace(store_tests.BASE, grad_mode="fused"), DEVICE), exact=False)
     assert got.counters == want.counters
 
 
