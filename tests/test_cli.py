@@ -18,18 +18,14 @@ from sg_opt.cli import app
 from sg_opt.cli_common import console
 from targets.registry import entry_point_targets
 from targets.worker_client import descendants, kill_tree, parent_of, run_worker
-from targets.worker_protocol import WorkerRequest
+from tests.fixtures.fork_server_up import FAULTY, fork_server_up
 
 runner = CliRunner()
-FAULTY = "tests.fixtures.faulty_target:target"
 
 
 @pytest.fixture
 def fork_server_running():
-    """A fork server already up for this process's workers, as for all but a session's first: a time limit that
-    covers a worker's start (an A/B measurement's) then times the worker, not the seconds a new server spends
-    importing torch."""
-    assert run_worker(WorkerRequest(target=FAULTY, size="tiny", mode="bench", warmup=0, steps=1), timeout_s=120).ok
+    fork_server_up()
 
 
 def test_targets_json_lists_knobs_with_reasons():

@@ -16,9 +16,10 @@ import pytest
 
 from targets.fork_server import start_python
 from targets.protocol import Target
-from targets.worker_client import kill_tree, run_worker, scrubbed_env
+from targets.worker_client import kill_tree, scrubbed_env
 from targets.worker_protocol import WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
+from tests.fixtures.fork_server_up import fork_server_up
 from tests.validators.test_speedup import INCUMBENT
 from validators.ab_runner import shared_cpus
 from validators.ab_stats import block_order
@@ -79,8 +80,8 @@ def hung_measurements() -> dict[str, ABResult]:
     forked by a fork server already up (as for all but a session's first measurement), so that the limit, which
     covers the workers' start, times the measurement (a sound one of these sides takes about 1 s), not the seconds
     a new server spends importing torch."""
+    fork_server_up()
     ok = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0)
-    assert run_worker(ok.model_copy(update={"steps": 1}), timeout_s=120).ok
     hang, in_child = (ok.model_copy(update={"config": {"behaviour": b}}) for b in ("hang", "hang-in-child"))
     with ThreadPoolExecutor(2) as pool:
         running = {"hang": pool.submit(measure_ab, hang, ok, blocks=2, steps_per_block=2, timeout_s=5, label_a="left",
