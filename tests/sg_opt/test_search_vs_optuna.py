@@ -102,6 +102,28 @@ def test_the_comparison_charts_both_searches_and_measures_sg_opt_against_the_ora
     assert (out / "best_so_far.svg").read_text() == drawn  # one chart, both curves, labelled
     md = (out / "search_vs_optuna.md").read_text()
     assert "| sg-opt (rules) |" in md and "| Optuna TPE (oracle) |" in md and f"{100 * share:.0f}% of the speedup" in md
+    final_share = record["sg_opt_share_of_oracle_final"]["speedup"]  # both runs have a final measurement
+    assert final_share == pytest.approx(rules_summary["final"]["speedup"] / tpe_summary["final"]["speedup"])
+    assert f"final against final: {100 * final_share:.0f}% of the speedup" in md
+
+
+def test_an_estimate_far_from_its_final_measurement_is_called_out(agent_run, tpe_run):
+    """The product of accepted ratios compounds their errors (2026-12-03, `large`: x34.1 estimated, x18.99 final):
+    the record says so, and the share of the oracle is taken final against final."""
+    tpe_dir, tpe_summary = tpe_run
+    rules = Summary.model_validate(json.loads((agent_run / "summary.json").read_text()))
+    tpe = Summary.model_validate(tpe_summary)
+    assert rules.final and tpe.final
+    agreeing = rules.final.model_copy(update={"speedup": rules.est_speedup * 1.2})
+    record = search_vs_optuna.compare({"rules": (agent_run, rules.model_copy(update={"final": agreeing}), None),
+                                       "tpe": (tpe_dir, tpe, None)})
+    assert not any(n.startswith("sg-opt (rules)'s estimate") for n in record["notes"])
+    halved = rules.final.model_copy(update={"speedup": rules.est_speedup / 2})
+    record = search_vs_optuna.compare({"rules": (agent_run, rules.model_copy(update={"final": halved}), None),
+                                       "tpe": (tpe_dir, tpe, None)})
+    (note,) = [n for n in record["notes"] if "compounded" in n]
+    assert note.startswith("sg-opt (rules)'s estimate") and "x2.00 its final" in note
+    assert record["sg_opt_share_of_oracle_final"]["speedup"] == pytest.approx(halved.speedup / tpe.final.speedup)
 
 
 def test_an_unfinished_oracle_is_called_interim_not_empty(agent_run, tpe_run):
