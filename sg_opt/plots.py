@@ -92,7 +92,8 @@ def best_so_far(runs: Labelled) -> str | None:
                     level *= c.speedup
                 xs.append(n)
                 ys.append(level)
-            line, = ax.step(xs, ys, where="post", label=label if len(runs) > 1 else "best so far (estimated)")
+            line, = ax.step(xs, ys, where="post", label=f"{label}: best so far (estimated)" if len(runs) > 1
+                            else "best so far (estimated)")
             won = [(n, ys[n]) for n, c in enumerate(s.candidates, start=1) if c.accepted]
             if won:
                 ax.scatter(*zip(*won), color=ACCEPTED, zorder=3, label="accepted" if index == 0 else None)
@@ -105,7 +106,7 @@ def best_so_far(runs: Labelled) -> str | None:
         ax.set_xlabel("candidates evaluated")
         ax.set_ylabel("speedup over the baseline (x)")
         ax.set_ylim(bottom=min(0.9, ax.get_ylim()[0]))
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="best")  # where it hides least of the curves (they end high, right or left)
     return _draw("best-so-far", draw)
 
 
