@@ -54,15 +54,6 @@ def run_search(search: str, iters: int, args: argparse.Namespace, runs_dir: Path
     return runs_dir / json.loads(done.stdout)["run_id"], wall
 
 
-def best_so_far(summary: Summary) -> list[float]:
-    """The incumbent's estimated speedup over the baseline after 0, 1, 2, ... candidates (the product of
-    the accepted side-by-side speedups, as the agent's own incumbent keeps it)."""
-    levels = [1.0]
-    for c in summary.candidates:
-        levels.append(levels[-1] * (c.speedup if c.accepted and c.speedup else 1.0))
-    return levels
-
-
 def reached(curve: list[float], level: float) -> int | None:
     """Candidates evaluated until the curve first reached ``level`` (None: never)."""
     return next((n for n, value in enumerate(curve) if value >= level - 1e-12), None)
@@ -71,16 +62,22 @@ def reached(curve: list[float], level: float) -> int | None:
 def _method(summary: Summary, run_dir: Path, wall_s: float | None) -> dict[str, Any]:
     f = summary.final
     return {"run_dir": str(run_dir), "run_id": summary.run_id, "candidates": summary.evaluated,
-            "accepted": summary.accepted, "best_est_speedup": best_so_far(summary)[-1],
+            "accepted": summary.accepted, "best_est_speedup": summary.est_curve()[-1],
             "final_speedup": f.speedup if f else None,
             "final_speedup_ci": [1 / f.ci_high, 1 / f.ci_low] if f and f.ci_low and f.ci_high else None,
             "final_verdict": f.verdict if f else None, "stop_reason": summary.stop_reason,
             "run_wall_s": summary.wall_s, "subprocess_wall_s": wall_s, "best_config": summary.best_config}
 
 
+def share_of(sg_opt: float, oracle: float) -> dict[str, float | None]:
+    """sg-opt's speedup as a share of the oracle's, and its gain over the baseline as a share of the oracle's gain
+    (None where the oracle found none)."""
+    return {"speedup": sg_opt / oracle, "gain": (sg_opt - 1) / (oracle - 1) if oracle > 1 else None}
+
+
 def compare(runs: dict[str, tuple[Path, Summary, float | None]]) -> dict[str, Any]:
     """The comparison record: best-so-far curves, the oracle (TPE's best) and sg-opt's share of it."""
-    curves = {name: best_so_far(summary) for name, (_, summary, _) in runs.items()}
+    curves = {name: summary.est_curve() for name, (_, summary, _) in runs.items()}
     rules, tpe = runs["rules"][1], runs["tpe"][1]
     oracle = curves["tpe"][-1]
     sg_best = curves["rules"][-1]
@@ -89,9 +86,10 @@ def compare(runs: dict[str, tuple[Path, Summary, float | None]]) -> dict[str, An
         if getattr(rules, key) != getattr(tpe, key):
             notes.append(f"the runs differ in {key} ({getattr(rules, key)} vs {getattr(tpe, key)}): not like for like")
     finals = {name: summary.final.speedup for name, (_, summary, _) in runs.items() if summary.final}
-    measured = "final" if len(finals) == 2 else "estimated"  # measured side by side beats a product of ratios
-    sg_head, oracle_head = (finals["rules"], finals["tpe"]) if measured == "final" else (sg_best, oracle)
+    both_final = len(finals) == 2  # measured side by side beats a product of ratios
+    sg_head, oracle_head = (finals["rules"], finals["tpe"]) if both_final else (sg_best, oracle)
     if sg_head > oracle_head:
+        measured = "final" if both_final else "estimated"
         notes.append(f"sg-opt's best (x{sg_head:.3f}, {measured}) beats the oracle's (x{oracle_head:.3f}): TPE's "
                      f"{tpe.evaluated} candidates were too few for it to be an upper bound")
     for name, final in finals.items():
@@ -113,11 +111,8 @@ def compare(runs: dict[str, tuple[Path, Summary, float | None]]) -> dict[str, An
         "best_so_far": [{"candidates": n, **{name: (c[n] if n < len(c) else None) for name, c in curves.items()}}
                         for n in range(longest)],
         "oracle": {"method": "tpe", "est_speedup": oracle, "final_speedup": tpe.final.speedup if tpe.final else None},
-        "sg_opt_share_of_oracle": {"speedup": sg_best / oracle,
-                                   "gain": (sg_best - 1) / (oracle - 1) if oracle > 1 else None},
-        "sg_opt_share_of_oracle_final": ({"speedup": sg_head / oracle_head,
-                                          "gain": (sg_head - 1) / (oracle_head - 1) if oracle_head > 1 else None}
-                                         if measured == "final" else None),
+        "sg_opt_share_of_oracle": share_of(sg_best, oracle),
+        "sg_opt_share_of_oracle_final": share_of(sg_head, oracle_head) if both_final else None,
         "reached_share": SHARE,
         "candidates_to_reach_share_of_oracle": {name: reached(c, SHARE * oracle) for name, c in curves.items()},
         "notes": notes,

@@ -86,21 +86,17 @@ def best_so_far(runs: Labelled) -> str | None:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
         for index, (label, s) in enumerate(runs):
-            level, xs, ys = 1.0, [0], [1.0]
-            for n, c in enumerate(s.candidates, start=1):
-                if c.accepted and c.speedup:
-                    level *= c.speedup
-                xs.append(n)
-                ys.append(level)
-            line, = ax.step(xs, ys, where="post", label=f"{label}: best so far (estimated)" if len(runs) > 1
-                            else "best so far (estimated)")
+            ys = s.est_curve()
+            xs = list(range(len(ys)))
+            prefix = f"{label}: " if len(runs) > 1 else ""
+            line, = ax.step(xs, ys, where="post", label=f"{prefix}best so far (estimated)")
             won = [(n, ys[n]) for n, c in enumerate(s.candidates, start=1) if c.accepted]
             if won:
                 ax.scatter(*zip(*won), color=ACCEPTED, zorder=3, label="accepted" if index == 0 else None)
             f = s.final
             if f is not None and f.speedup and f.ci_low and f.ci_high:
                 ax.axhline(f.speedup, color=line.get_color(), linestyle="--", linewidth=1,
-                           label=f"{label + ': ' if len(runs) > 1 else ''}final side by side x{f.speedup:.2f}")
+                           label=f"{prefix}final side by side x{f.speedup:.2f}")
                 ax.axhspan(1 / f.ci_high, 1 / f.ci_low, color=line.get_color(), alpha=0.12)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("candidates evaluated")

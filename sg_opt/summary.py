@@ -179,6 +179,15 @@ class Summary(BaseModel):
     lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
     notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
 
+    def est_curve(self) -> list[float]:
+        """The incumbent's estimated speedup after 0, 1, 2, ... candidates: the product of the accepted
+        side-by-side speedups, as the agent's own incumbent keeps it (the best-so-far charts and the oracle
+        comparison read it; each run's ``final`` is the measured figure)."""
+        levels = [1.0]
+        for c in self.candidates:
+            levels.append(levels[-1] * (c.speedup if c.accepted and c.speedup else 1.0))
+        return levels
+
 
 # ----------------------------------------------------------------------------- reading the run directory
 
