@@ -85,9 +85,10 @@ def _rejected_or(next_node: str) -> Callable[[RunState], str]:
 
 
 def _after_decide(state: RunState) -> str:
-    if nodes.limit_reason(state) is not None:
+    accepted = state.history[-1].verdict.accepted
+    if nodes.limit_reason(state, profile_next=accepted) is not None:
         return "propose"  # propose records the stop reason, then the run reports
-    return "diagnose" if state.history[-1].verdict.accepted else "propose"
+    return "diagnose" if accepted else "propose"
 
 
 def build(ctx: RunContext) -> StateGraph:

@@ -160,13 +160,14 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     return {**updates, "findings": result.findings, "profiles": state.profiles + [path]}
 
 
-def limit_reason(state: RunState) -> str | None:
-    """Why the run must stop now, or None."""
+def limit_reason(state: RunState, profile_next: bool = False) -> str | None:
+    """Why the run must stop now, or None (``profile_next``: it would profile its incumbent before the next
+    candidate)."""
     if state.stop_reason:
         return state.stop_reason
     if state.evaluated >= state.limits.max_iters:
         return f"max-iters: {state.evaluated} candidates evaluated"
-    return out_of_time(state)  # --max-minutes, the final measurement included
+    return out_of_time(state, profile_next)  # --max-minutes, the final measurement included
 
 
 def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:

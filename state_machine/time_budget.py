@@ -5,7 +5,10 @@ measurement of baseline against best and the report. A run that only stops propo
 reached overruns it by a candidate and that measurement: `xl` on an H200 (2026-11-30) had used 20.2 of
 its 20 minutes with its 14th candidate still being timed and the final measurement still to come. So a
 new candidate starts only while what it is expected to take (the run's own mean so far) and the final
-measurement (sized on the baseline's A/A runs) both fit in what is left.
+measurement (sized on the baseline's A/A runs) both fit in what is left. A candidate's cost is its own
+evaluation, plus the profile that follows an accepted one when the run is about to take it: not the one-off
+noise-floor calibrations, which `large-cached` on an H200 (2026-12-03) spread as 23 s over each of its 9
+candidates, stopping it with 114 s left where a candidate took 56 s and the final measurement 39.
 
 ``--pause-after`` bounds one invocation instead, for a run split over jobs of limited length (a batch
 system's, or a machine lent 10 minutes at a time): a node starts only while what it is expected to take fits
@@ -24,15 +27,24 @@ from pathlib import Path
 from state_machine.state import RunState
 
 FIXED_NODES = ("setup", "baseline")  # the once-per-run nodes; every other node's time is spent on candidates
+CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
 
 
 def candidate_s(state: RunState) -> float:
-    """The mean wall seconds a candidate has taken in this run (its diagnoses and recalibrations included),
+    """The mean wall seconds of a candidate's own evaluation in this run (proposed, checked, validated, timed),
     0 before the first."""
     if not state.evaluated:
         return 0.0
-    spent = state.elapsed_s - sum(state.node_s.get(name, 0.0) for name in FIXED_NODES)
-    return max(0.0, spent) / state.evaluated
+    return sum(state.node_s.get(name, 0.0) for name in CANDIDATE_NODES) / state.evaluated
+
+
+def profile_s(state: RunState) -> float:
+    """The mean wall seconds of this run's diagnoses less their noise-floor calibrations (0 before the first), plus
+    a calibration when the next diagnose will calibrate again (``expected_node_s``'s)."""
+    diagnosed = len(state.profiles)
+    calibrating = sum(_calibration_s(r.calibration_file) for r in state.recalibrations)
+    mean = max(0.0, state.node_s.get("diagnose", 0.0) - calibrating) / diagnosed if diagnosed else 0.0
+    return mean + (_calibration_s(_floor_file(state)) if state.recalibration_due else 0.0)
 
 
 @lru_cache(maxsize=8)
@@ -67,15 +79,18 @@ def final_measurement_s(state: RunState) -> float:
         return 0.0
 
 
-def out_of_time(state: RunState) -> str | None:
-    """Why ``--max-minutes`` allows no further candidate, or None."""
+def out_of_time(state: RunState, profile_next: bool = False) -> str | None:
+    """Why ``--max-minutes`` allows no further candidate, or None. ``profile_next``: the run would profile its
+    incumbent first (after an accepted candidate), so that profile must fit too."""
     limit_s = 60.0 * state.limits.max_minutes
     used = f"{state.elapsed_s / 60:.1f} minutes used of {state.limits.max_minutes:g}"
     if state.elapsed_s >= limit_s:
         return f"max-minutes: {used}"
     need, final = candidate_s(state), final_measurement_s(state)
-    if state.elapsed_s + need + final > limit_s:
-        return (f"max-minutes: {used}; a candidate takes {need:.0f} s here and the final measurement about "
+    profile = profile_s(state) if profile_next else 0.0
+    if state.elapsed_s + profile + need + final > limit_s:
+        first = f"a profile of the incumbent about {profile:.0f} s, " if profile_next else ""
+        return (f"max-minutes: {used}; {first}a candidate takes {need:.0f} s here and the final measurement about "
                 f"{final:.0f} s, which would not fit")
     return None
 
@@ -89,11 +104,16 @@ class Paused(Exception):
         self.node, self.reason, self.run_dir = node, reason, run_dir
 
 
-def _calibration_s(state: RunState) -> float:
-    """Wall seconds of the A/A runs that set the noise floor in force (the last recalibration's, else the
-    baseline's): what calibrating it again is expected to take."""
-    path = state.recalibrations[-1].calibration_file if state.recalibrations else (
-        state.baseline.calibration_file if state.baseline is not None else "")
+def _floor_file(state: RunState) -> str:
+    """The calibration file of the noise floor in force: the last recalibration's, else the baseline's."""
+    if state.recalibrations:
+        return state.recalibrations[-1].calibration_file
+    return state.baseline.calibration_file if state.baseline is not None else ""
+
+
+def _calibration_s(path: str) -> float:
+    """Wall seconds of the A/A runs of a calibration file (0 when it cannot be read): what calibrating the noise
+    floor it set again is expected to take."""
     try:
         return float(sum(run["wall_s"] for run in _calibration_runs(path)))
     except (OSError, ValueError, KeyError, TypeError):
@@ -106,7 +126,7 @@ def expected_node_s(state: RunState, node: str) -> float:
     A diagnose whose longest call held a calibration is counted with two: the pause comes early, not late."""
     expected = state.node_max_s.get(node, 0.0)
     if node == "diagnose" and state.recalibration_due:
-        expected += _calibration_s(state)
+        expected += _calibration_s(_floor_file(state))
     if node == "report" and state.final is None:
         expected += final_measurement_s(state)
     return expected

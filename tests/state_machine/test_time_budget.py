@@ -10,7 +10,7 @@ import pytest
 
 from state_machine import nodes
 from state_machine.state import Baseline, Evaluated, Limits, RunState, Verdict
-from state_machine.time_budget import candidate_s, final_measurement_s, out_of_time
+from state_machine.time_budget import candidate_s, final_measurement_s, out_of_time, profile_s
 from tests.state_machine.records import candidate
 
 XL_CALIBRATION = Path(__file__).resolve().parents[1] / "fixtures" / "h200_xl_calibration.json"
@@ -41,19 +41,58 @@ def test_nothing_to_measure_reserves_nothing(state, tmp_path):
     assert final_measurement_s(with_history(state, accepted=1, rejected=0, calibration=tmp_path / "gone.json")) == 0.0
 
 
-def test_a_candidate_costs_the_runs_mean_less_the_baseline(state):
-    """xl's first run: 1,212 s in nodes, 297 s of them the baseline, 13 candidates: 70.4 s each."""
-    xl = with_history(state, accepted=4, rejected=9, elapsed_s=1212.2,
-                      node_s={"setup": 0.0, "baseline": 296.9, "validate": 338.3, "measure": 366.1,
-                              "diagnose": 210.8})
-    assert candidate_s(xl) == pytest.approx((1212.2 - 296.9) / 13)
-    assert candidate_s(state) == 0.0
+# Session 27's `large-cached` run on an H200: its nodes' seconds when it stopped after #9 (9 candidates, 7 profiles,
+# two calibrations after #2 and #6 of 46.5 + 50.4 and 56.2 + 55.2 s of A/A runs), 1,025.7 s used of 19 minutes.
+S27_NODE_S = {"setup": 0.0, "baseline": 190.3, "diagnose": 332.1, "propose": 0.015, "check": 0.002,
+              "validate": 229.6, "measure": 273.6, "decide": 0.004}
+S27_CALIBRATION = XL_CALIBRATION.parent / "h200_large_cached_s27_calibration.json"
+
+
+def s27_after_9(state: RunState, tmp_path: Path) -> RunState:
+    from state_machine.state import Incumbent, Recalibration
+    recalibrations = []
+    for after, walls, step_ms in ((2, (46.5, 50.4), 42.17), (6, (56.2, 55.2), 17.28)):
+        path = tmp_path / f"calibration_{after}.json"
+        path.write_text(json.dumps({"runs": [{"wall_s": w} for w in walls]}))
+        recalibrations.append(Recalibration(after_candidate=after, step_ms=step_ms, noise_floor=0.03,
+                                            calibration_file=str(path)))
+    return with_history(state, accepted=6, rejected=3, calibration=S27_CALIBRATION, elapsed_s=1025.7,
+                        node_s=S27_NODE_S, profiles=[f"p{i}" for i in range(7)], recalibrations=recalibrations,
+                        incumbent=Incumbent(from_candidate=9, est_speedup=11.7), limits=Limits(max_minutes=19))
+
+
+def test_a_candidate_costs_its_own_evaluation_and_a_profile_its_own(state, tmp_path):
+    """Session 27: 503 s of validation and timing over 9 candidates is 55.9 s each; 332 s of diagnoses less 208 s
+    of calibrations over 7 profiles is 17.7 s each. The old mean (everything after the baseline, 93 s) charged each
+    candidate a share of the calibrations and profiles."""
+    run = s27_after_9(state, tmp_path)
+    assert candidate_s(run) == pytest.approx(503.2 / 9, abs=0.01)
+    assert profile_s(run) == pytest.approx((332.1 - 208.3) / 7, abs=0.01)
+    assert candidate_s(state) == 0.0 and profile_s(state) == 0.0
+    due = run.model_copy(update={"incumbent": run.incumbent.model_copy(update={"est_speedup": 40.0})})
+    assert due.recalibration_due  # (this baseline is xl's 314.5 ms) twice as fast as the 17.28 ms of the floor in force
+    assert profile_s(due) == pytest.approx(profile_s(run) + 56.2 + 55.2, abs=0.01)
+
+
+def test_session_27s_run_had_time_for_one_more_candidate(state, tmp_path):
+    """It stopped after #9's profile with 114 s of 19 minutes left, reckoning 93 s a candidate and 39 s for the
+    final measurement; its candidates took 56 s. With the same numbers the run goes on, and stops when one more
+    candidate would not fit. Right after an accepted candidate, the profile that would come first counts too."""
+    run = s27_after_9(state, tmp_path)
+    assert final_measurement_s(run) == pytest.approx(38.8, abs=0.1)
+    assert out_of_time(run) is None and nodes.limit_reason(run) is None
+    later = run.model_copy(update={"elapsed_s": 1035.0})
+    assert out_of_time(later) is None
+    assert out_of_time(later, profile_next=True).startswith(
+        "max-minutes: 17.2 minutes used of 19; a profile of the incumbent about 18 s, a candidate takes 56 s")
+    assert nodes.limit_reason(later, profile_next=True) is not None and nodes.limit_reason(run, profile_next=True) is None
+    assert "a candidate takes 56 s" in out_of_time(run.model_copy(update={"elapsed_s": 1035.0 + 18.0}))
 
 
 def test_no_candidate_starts_that_the_final_measurement_would_push_past_the_limit(state):
     """At 17 of 20 minutes, 70 s a candidate and the 65 s final still fit; at 18 they do not, and the run
     stops there (the xl run went on proposing until 20 minutes and ended past them)."""
-    node_s = {"baseline": 296.9}
+    node_s = {"baseline": 296.9, "validate": 338.3, "measure": 576.9}
     fits = with_history(state, accepted=4, rejected=9, elapsed_s=17 * 60, node_s=node_s,
                         limits=Limits(max_minutes=20))
     assert candidate_s(fits) + final_measurement_s(fits) + fits.elapsed_s < 20 * 60
