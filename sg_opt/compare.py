@@ -45,7 +45,10 @@ def measured(result: ABResult) -> str:
     head = (f"failed ({result.failure.kind}): {result.failure.message}" if result.failure is not None
             else f"ratio {result.ratio:.4f} ({result.ci_low:.4f}-{result.ci_high:.4f}), block spread "
                  f"{block_spread(result):.0%}")
-    return head + f"; {result.wall_s:.0f} s" + (f", the workers ready after {ready:.0f} s" if ready is not None else "")
+    line = head + f"; {result.wall_s:.0f} s" + (f", the workers ready after {ready:.0f} s" if ready is not None else "")
+    if result.blocks_s:
+        line += f", its blocks {result.blocks_s:.0f} s, closing {result.close_s:.0f} s"
+    return line
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:

@@ -87,6 +87,8 @@ def time_line(s: Summary) -> str:
         if w.started_ahead:
             line += (f" {w.started_ahead} measurement(s) found their workers started during the candidate's "
                      f"validation.")
+        if w.close_s is not None:
+            line += f" Closing a measurement's workers took {w.close_s:.1f} s."
     return line
 
 

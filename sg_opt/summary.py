@@ -83,6 +83,8 @@ class WorkerStartup(BaseModel):
     warmup_s: float = Field(description="the warm-up steps")
     started_ahead: int = Field(0, description="measurements whose two workers were started during the candidate's "
                                               "validation (validators.ab_runner.prestart)")
+    close_s: float | None = Field(None, description="after a measurement's last block, until both its workers had "
+                                                    "exited (median over the measurements that recorded it)")
 
 
 class NumericsVerdict(BaseModel):
@@ -355,6 +357,7 @@ def _worker_startup(run_dir: Path) -> WorkerStartup | None:
     """Medians over every timing worker of the run. The quoted final A/B is a copy of one of the runs kept beside
     it, so each worker's split (three wall-clock differences) is counted once."""
     splits: dict[tuple[float, float, float], None] = {}
+    closes: dict[tuple[float, float], None] = {}  # (wall_s, close_s): a copied measurement counted once
     ahead = 0
     for pattern in MEASUREMENT_FILES:
         for path in sorted(run_dir.glob(pattern)):
@@ -366,12 +369,15 @@ def _worker_startup(run_dir: Path) -> WorkerStartup | None:
             splits.update({(x["start"], x["build"], x["warmup"]): None for x in found
                            if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))})
             ahead += sum(1 for r in records if r.get("started_ahead") is True and "final_ab" not in path.name)
+            closes.update({(r.get("wall_s"), r["close_s"]): None for r in records
+                           if isinstance(r.get("close_s"), (int, float)) and r["close_s"] > 0})
     if not splits:
         return None
     start, build, warmup = (np.array(column) for column in zip(*splits))
     return WorkerStartup(workers=len(splits), ready_s=float(np.median(start + build + warmup)),
                          start_s=float(np.median(start)), build_s=float(np.median(build)),
-                         warmup_s=float(np.median(warmup)), started_ahead=ahead)
+                         warmup_s=float(np.median(warmup)), started_ahead=ahead,
+                         close_s=float(np.median([c for _, c in closes])) if closes else None)
 
 
 def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:

@@ -216,6 +216,7 @@ class ABRunner:
         self.workers: dict[str, _Worker] = {}
         self.ready: dict[str, dict[str, Any]] = {}
         self.ready_s: dict[str, float] = {}  # seconds from the start of the workers to each one's ready line
+        self.blocks_s = 0.0  # wall seconds of every block so far, from its command to its answer
         self.held: dict[str, list[int]] = {}  # the stopped processes below each idle side (_hold)
 
     def __enter__(self) -> "ABRunner":
@@ -274,11 +275,12 @@ class ABRunner:
     def run(self, side: Side, steps: int) -> list[float]:
         """One block of ``steps`` steps on one side; its per-step seconds. Only this side's processes run meanwhile
         (``_hold``)."""
-        worker = self.workers[side]
+        worker, start = self.workers[side], time.monotonic()
         self._hold("b" if side == "a" else "a")
         self._release(side)
         worker.send({"cmd": "run", "steps": steps})
         reply = worker.receive(self.deadline, f"a block of {steps} steps")
+        self.blocks_s += time.monotonic() - start
         if not reply.get("loss_finite", False):
             raise SideFailed(worker.label, "nan", "the loss became non-finite during a timed block")
         return [float(t) for t in reply["step_s"]]

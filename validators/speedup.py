@@ -148,6 +148,10 @@ class ABResult(BaseModel):
     failed_side: str | None = Field(None, description="the label of the side whose worker failed (\"incumbent\", "
                                                      "\"candidate\", ...): not always the side being judged")
     wall_s: float = 0.0
+    blocks_s: float = Field(0.0, description="wall seconds of its blocks, settling ones included, from each block's "
+                                             "command to its answer: wall_s less the start-up, this and close_s is "
+                                             "the protocol's own cost")
+    close_s: float = Field(0.0, description="wall seconds from its last block's end until both workers had exited")
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see pooled)")
     started_ahead: bool = Field(False, description="its workers were started before it, while the candidate's "
@@ -230,6 +234,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
     common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
                   order=order, blocks=blocks, steps_per_block=steps_per_block, block_seconds=block_seconds,
                   resamples=resamples, cpus=cpus)
+    closing = None
     try:
         with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
             # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds
@@ -255,9 +260,11 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
+            common["blocks_s"], closing = runner.blocks_s, time.monotonic()
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure, failed_side=exc.label,
                         wall_s=time.monotonic() - start, **common)
+    common["close_s"] = time.monotonic() - closing
     stats = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
     sides["a"].block_medians, sides["b"].block_medians = stats.a_medians, stats.b_medians
     return ABResult(a=sides["a"], b=sides["b"], ratio=stats.ratio, speedup=1.0 / stats.ratio, ci_low=stats.ci_low,
@@ -377,6 +384,7 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
         a=sides["a"], b=sides["b"], ratio=ratio, speedup=1.0 / ratio, ci_low=low, ci_high=high,
         verdict=decide(low, high, first.floor), order=[s for r in results for s in r.order],
         blocks=sum(r.blocks for r in results), wall_s=sum(r.wall_s for r in results),
+        blocks_s=sum(r.blocks_s for r in results), close_s=sum(r.close_s for r in results),
         pools=sum(r.pools for r in results), resamples=resamples))
 
 

@@ -30,9 +30,17 @@ BUNDLE_MIN = 3  # leaning changes a bundle joins at least (two on either side of
 
 def joined_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
     """The host-and-device pairs (GPU runs) and the bundle of every leaning change."""
-    leaned = leaning(state)
+    current = space.resolve(state.incumbent.config)
+    leaned = [e for e in leaning(state) if not _held(current, e.candidate.patch)]
     yield from _host_and_device_proposals(state, space, leaned)
     yield from _bundle_proposals(state, space, leaned)
+
+
+def _held(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether the incumbent already holds every knob value of `patch` (taken since as part of another change):
+    joined to another, it would be that other alone (session 27's `large-cached` run, after the overlap came in
+    with two loader workers)."""
+    return all(k in current and current[k] == v for k, v in patch.items())
 
 
 def side(space: KnobSpace, patch: Mapping[str, Any]) -> str | None:
@@ -75,17 +83,14 @@ def _bundle_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]
     cache overlap leaned 0.926, packed batches 0.954 and TF32 tail products 0.956 under a 4.7% floor; a
     hand-composed configuration with the overlap, packed batches, 3xTF32 tail products and two loader workers had
     measured x14.7 over the baseline the day before, where that run's best reached x7.29). Where two set the same
-    knob, the one that leaned further goes in; one the incumbent already holds does not. Its rejection does not rule
-    out its parts."""
-    current, names = space.resolve(state.incumbent.config), {k.name for k in space}
+    knob, the one that leaned further goes in. Its rejection does not rule out its parts."""
+    names = {k.name for k in space}
     patch: dict[str, Any] = {}
     parts: list[Evaluated] = []
-    for e in sorted(leaned, key=lambda e: e.verdict.ratio):
+    for e in sorted(leaned, key=lambda e: e.verdict.ratio):  # none the incumbent holds (joined_proposals)
         change = e.candidate.patch
         if set(change) & set(patch) or not set(change) <= names:
             continue
-        if all(current[k] == v for k, v in change.items()):
-            continue  # taken since, as part of another change
         patch.update(change)
         parts.append(e)
     if len(parts) < BUNDLE_MIN:

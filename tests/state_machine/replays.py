@@ -54,6 +54,15 @@ S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/20
     (12, {"pin_memory": True}, True, 0.894)]
 
 
+S27_LARGE_CACHED_HISTORY = [  # session 27's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s27/)
+    (1, {"tail_backend": "triton-fused-loss"}, True, 0.674),
+    (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.398),
+    (3, {"embedding_cache_index": "device"}, True, 0.605), (4, {"embedding_cache_overlap": True}, False, 0.930),
+    (5, {"data_workers": 2}, False, 0.900), (6, {"data_workers": 2, "embedding_cache_overlap": True}, True, 0.711),
+    (7, {"tail_fp32_dot": "tf32x3"}, True, 0.828), (8, {"pin_memory": True}, False, 0.918),
+    (9, {"pack_batches": True}, True, 0.896)]
+
+
 S24_LARGE_HISTORY = [  # session 24's `large` run (docs/results/2026-12-03-h200-large-s24/) to its last win
     (1, {"embedding_grad_mode": "fused"}, True, 0.613), (2, {"tail_backend": "triton-fused-loss"}, True, 0.219),
     (3, {"tail_fp32_dot": "tf32x3"}, False, (1.037, 0.987, 1.077)),

@@ -8,7 +8,8 @@ import pytest
 from state_machine.proposers.offline import propose_offline
 from state_machine.state import Evaluated, Verdict
 from tests.state_machine.records import candidate
-from tests.state_machine.replays import LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY, replayed
+from tests.state_machine.replays import (LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY,
+                                        S27_LARGE_CACHED_HISTORY, replayed)
 
 S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h200x2-large-aa40/) to its last win
     (1, {"embedding_grad_mode": "fused"}, True, 0.614), (2, {"tail_backend": "triton-fused-loss"}, True, 0.205),
@@ -90,3 +91,16 @@ def test_a_leaning_change_the_incumbent_took_since_stays_out_of_the_bundle(state
     taken = at.model_copy(update={"incumbent": at.incumbent.model_copy(
         update={"config": {**at.incumbent.config, "pack_batches": True}})})
     assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(taken, ctx, limit=200))
+
+
+def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, ctx):
+    """Session 27's `large-cached` run after #9: the overlap (#4, 0.930) came into the incumbent with two loader
+    workers (#6, their host-and-device pair), and pinned memory (#8, 0.918) leaned faster after that. Joining the
+    pinning to the overlap again would be the pinning alone: it comes first, as a retry after packed batches (#9)
+    changed the data path, and no pair names the overlap."""
+    at = replayed(state, ctx, "h200_large_cached_s27_after_9.json", "large-cached", LARGE_CACHED_BASE,
+                  S27_LARGE_CACHED_HISTORY)
+    proposals = propose_offline(at, ctx, limit=200)
+    assert proposals[0].patch == {"pin_memory": True} and proposals[0].rationale.startswith(
+        "tried again: candidate #8 measured 0.918 (rejected: as in that run) before #9 (pack_batches=True)")
+    assert all(p.proposer != "offline:host-and-device" for p in proposals)

@@ -172,6 +172,30 @@ def test_a_disturbed_final_measurement_whose_repeat_is_worse_keeps_both(state, c
     assert open(f"{state.run_dir}/final_ab_repeat.json").read().count('"ratio": 0.092')
 
 
+def test_the_reports_wall_time_includes_the_final_measurement(state, ctx, monkeypatch):
+    """The graph adds a node's time once it returns, after the report is written: session 27's report said 17.1
+    minutes where the run took 18.5 with its final measurement. The report now gets the time spent so far."""
+    import time
+
+    from state_machine.state import Baseline
+
+    def measure_ab(*args, **kwargs):
+        time.sleep(0.3)
+        return _final_ab([117, 116.8, 116.9, 117.2, 117.0, 116.9], [29.2, 29.9, 30.1, 29.5, 28.9, 29.2], 0.252)
+    monkeypatch.setattr(nodes, "measure_ab", measure_ab)
+    written = []
+    monkeypatch.setattr(ctx, "write_report", lambda finished: written.append(finished) or [])
+    accepted = Evaluated(candidate=candidate(1, patch={"embedding_grad_mode": "fused"}), incumbent_id=None,
+                         verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.25))
+    run = state.model_copy(update={"history": [accepted], "elapsed_s": 1000.0, "node_s": {"baseline": 100.0},
+                                   "baseline": Baseline(numerics_file="n.json", step_ms=117.0, noise_floor=0.011,
+                                                        calibration_file="c.json")})
+    nodes.report(run, ctx)
+    (finished,) = written
+    assert 1000.3 <= finished.elapsed_s < 1010.0 and 0.3 <= finished.node_s["report"] < 10.0
+    assert finished.node_s["baseline"] == 100.0
+
+
 def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypatch):
     from state_machine.state import Baseline
     from validators.speedup import Confirmation
