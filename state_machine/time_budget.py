@@ -26,7 +26,6 @@ from pathlib import Path
 
 from state_machine.state import RunState
 
-FIXED_NODES = ("setup", "baseline")  # the once-per-run nodes; every other node's time is spent on candidates
 CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
 
 
