@@ -24,10 +24,9 @@ def split(config: dict, size: str, device: str, blocks: int, steps: int, block_s
     if r.failure is not None:
         return f"failed ({r.failure.kind}): {r.failure.message}"
     ready = max(r.a.ready_s or 0.0, r.b.ready_s or 0.0)
-    timed = sum(r.side_steps[s] * sum(getattr(r, s).block_medians) for s in ("a", "b"))
     rest = r.wall_s - ready - r.blocks_s - r.close_s
     return (f"wall {r.wall_s:.1f} s: workers ready {ready:.1f}, blocks {r.blocks_s:.1f} (medians x steps "
-            f"{timed:.1f}), closing {r.close_s:.1f}, the rest {rest:.1f}")
+            f"{r.medians_s:.1f}), closing {r.close_s:.1f}, the rest {rest:.1f}")
 
 
 def main() -> None:

@@ -53,10 +53,7 @@ def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunConte
             raise Paused(name, why, state.run_dir)
         ctx.nodes_started += 1
         updates = node(state, ctx)
-        spent = time.monotonic() - start
-        updates["elapsed_s"] = state.elapsed_s + spent
-        updates["node_s"] = {**state.node_s, name: state.node_s.get(name, 0.0) + spent}
-        updates["node_max_s"] = {**state.node_max_s, name: max(state.node_max_s.get(name, 0.0), spent)}
+        updates.update(state.spent_in(name, time.monotonic() - start))
         if ctx.ledger is not None:
             updates["spent_usd"] = ctx.ledger.spent_usd()
         return updates

@@ -425,9 +425,7 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         path = write_json(_dir(state, "final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note)
-    spent = time.monotonic() - start
-    finished = state.model_copy(update={**updates, "elapsed_s": state.elapsed_s + spent,
-                                        "node_s": {**state.node_s, "report": state.node_s.get("report", 0.0) + spent}})
+    finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})
     if ctx.write_report is not None:
         updates["report_files"] = ctx.write_report(finished)
     ctx.event(state.run_dir, "report", stop_reason=state.stop_reason, files=updates.get("report_files", []))

@@ -225,6 +225,14 @@ class RunState(BaseModel):
     final: FinalMeasurement | None = None
     report_files: list[str] = Field(default_factory=list)
 
+    def spent_in(self, node: str, seconds: float) -> dict[str, Any]:
+        """The updates that book `seconds` more of wall time to `node`: the run's total, the node's and its longest
+        call (the graph's node wrapper books each node once it returns; the report node books its own time so far
+        before it writes the report)."""
+        return {"elapsed_s": self.elapsed_s + seconds,
+                "node_s": {**self.node_s, node: self.node_s.get(node, 0.0) + seconds},
+                "node_max_s": {**self.node_max_s, node: max(self.node_max_s.get(node, 0.0), seconds)}}
+
     @property
     def noise_floor(self) -> float:
         """The floor candidates are judged against now: the last re-calibration's, else the baseline's."""

@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from state_machine.state import RunState
+from validators.speedup import ABResult
 
 CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
 
@@ -58,11 +59,8 @@ def _final_from_calibration(path: str, blocks: int) -> float:
     ``blocks`` pairs of its mean block; the median over the runs. The best side's blocks are no longer than the
     baseline's, so this bounds a final measurement that is not repeated."""
     estimates = []
-    for run in _calibration_runs(path):
-        steps = run.get("side_steps") or {"a": run["steps_per_block"], "b": run["steps_per_block"]}
-        timed = sum(sum(run[side]["block_medians"]) * steps[side] for side in ("a", "b"))
-        pair = timed / max(1, run["blocks"])
-        estimates.append(max(0.0, run["wall_s"] - timed) + blocks * pair)
+    for run in map(ABResult.model_validate, _calibration_runs(path)):
+        estimates.append(max(0.0, run.wall_s - run.medians_s) + blocks * run.medians_s / max(1, run.blocks))
     return statistics.median(estimates) if estimates else 0.0
 
 

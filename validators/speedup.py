@@ -161,6 +161,14 @@ class ABResult(BaseModel):
                                                "(measure_ab's settled_below)")
 
 
+    @property
+    def medians_s(self) -> float:
+        """Seconds of its timed blocks as their medians tell them (each block's median step times its steps, both
+        sides): what is left of wall_s besides the start-up, blocks_s and close_s is the protocol's own."""
+        steps = self.side_steps or {"a": self.steps_per_block, "b": self.steps_per_block}
+        return sum(sum(getattr(self, side).block_medians) * steps[side] for side in ("a", "b"))
+
+
 class NoiseFloor(BaseModel):
     floor: float
     rule: str = "max(MIN_FLOOR, max over A/A runs of |1 - ratio| + CI half-width)"
