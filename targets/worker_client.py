@@ -42,8 +42,17 @@ RANK_FAILED_EXIT = 3  # a rank that wrote its failure exits with this (targets.r
 TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)")
 
 
+# What every worker's environment sets, whatever the caller's says. A torch.compile'd model (knob compile_encoder)
+# otherwise starts inductor's pool of compile processes, one per CPU, at its first Triton kernel; the pool is not
+# ready for that compile, which runs in the worker anyway, so the pool only starts up (each process importing torch)
+# beside the steps that follow. On the H200 (2026-12-04, the large-cached TPE oracle) every side with the compiled
+# encoder and host tables timed its first one to three blocks 8-15x slower than the rest (725-800 ms a step
+# against 50-100), and one A/A run's blocks took 127.6 s of wall time for 12 s of timed steps.
+WORKER_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
 def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -> dict[str, str]:
-    """The parent's environment without anything that looks like a credential.
+    """The parent's environment without anything that looks like a credential, with ``WORKER_ENV``.
 
     The child imports first from ``root`` (default: our working directory), where it also runs. A
     ``root`` elsewhere (another checkout) drops our working directory from the inherited PYTHONPATH, so
@@ -57,6 +66,7 @@ def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -
                  if p and (root is None or os.path.abspath(p) != here)]
     # The worker must import the caller's module:attr targets from the working directory.
     env["PYTHONPATH"] = os.pathsep.join([str(root) if root else here, *inherited])
+    env.update(WORKER_ENV)
     env.update(extra or {})
     return env
 

@@ -54,9 +54,10 @@ def test_unknown_target_is_a_config_failure():
     assert result.failure.kind == "config" and "unknown target" in result.failure.message
 
 
-def test_worker_environment_has_no_secrets(monkeypatch):
+def test_worker_environment_has_no_secrets_and_no_compile_pool(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-real")
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "16")  # the caller's, which workers must not inherit
     env = scrubbed_env()
     assert "OPENAI_API_KEY" not in env and "MY_SERVICE_TOKEN" not in env and "PATH" in env
     result = _run("env")
