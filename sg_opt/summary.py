@@ -21,6 +21,7 @@ from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
+from validators.ab_runner import BUILD_PART
 from validators.speedup import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -85,6 +86,9 @@ class WorkerStartup(BaseModel):
                                               "validation (validators.ab_runner.prestart)")
     close_s: float | None = Field(None, description="after a measurement's last block, until both its workers had "
                                                     "exited (median over the measurements that recorded it)")
+    build_parts: dict[str, float] = Field(default_factory=dict, description="the build split into the parts the "
+                                          "session timed, each the median over the workers that reported it, in "
+                                          "the order the first of them reported")
 
 
 class NumericsVerdict(BaseModel):
@@ -356,7 +360,7 @@ def _records(found: Any) -> Iterator[dict[str, Any]]:
 def _worker_startup(run_dir: Path) -> WorkerStartup | None:
     """Medians over every timing worker of the run. The quoted final A/B is a copy of one of the runs kept beside
     it, so each worker's split (three wall-clock differences) is counted once."""
-    splits: dict[tuple[float, float, float], None] = {}
+    splits: dict[tuple[float, float, float], dict[str, float]] = {}  # each split's build parts
     closes: dict[tuple[float, float], None] = {}  # (wall_s, close_s): a copied measurement counted once
     ahead = 0
     for pattern in MEASUREMENT_FILES:
@@ -366,7 +370,8 @@ def _worker_startup(run_dir: Path) -> WorkerStartup | None:
             except (OSError, json.JSONDecodeError):
                 continue  # a file torn by a kill
             found = [r["startup"] for r in records if isinstance(r.get("startup"), dict)]
-            splits.update({(x["start"], x["build"], x["warmup"]): None for x in found
+            splits.update({(x["start"], x["build"], x["warmup"]): {k[len(BUILD_PART):]: v for k, v in x.items()
+                                                                   if k.startswith(BUILD_PART)} for x in found
                            if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))})
             ahead += sum(1 for r in records if r.get("started_ahead") is True and "final_ab" not in path.name)
             closes.update({(r.get("wall_s"), r["close_s"]): None for r in records
@@ -374,10 +379,13 @@ def _worker_startup(run_dir: Path) -> WorkerStartup | None:
     if not splits:
         return None
     start, build, warmup = (np.array(column) for column in zip(*splits))
+    names = list(dict.fromkeys(name for parts in splits.values() for name in parts))
     return WorkerStartup(workers=len(splits), ready_s=float(np.median(start + build + warmup)),
                          start_s=float(np.median(start)), build_s=float(np.median(build)),
                          warmup_s=float(np.median(warmup)), started_ahead=ahead,
-                         close_s=float(np.median([c for _, c in closes])) if closes else None)
+                         close_s=float(np.median([c for _, c in closes])) if closes else None,
+                         build_parts={name: float(np.median([p[name] for p in splits.values() if name in p]))
+                                      for name in names})
 
 
 def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | None:

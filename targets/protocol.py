@@ -237,7 +237,8 @@ class Session(Protocol):
     seed: how the agent measures how far the workload carries a rounding-sized difference), and
     ``banked_steps`` (an int: how many steps' input the session can prepare ahead while it is not stepping,
     e.g. batches queued by loader workers; every timed window first runs that many steps untimed, see
-    ``targets.worker.banked_steps``).
+    ``targets.worker.banked_steps``), and ``build_parts`` (a dict of seconds per named part of its build,
+    ``BuildClock``'s).
     """
 
     phase_names: tuple[str, ...]
@@ -337,3 +338,23 @@ class PhaseTimer:
         """Return the accumulated seconds per phase and start afresh."""
         totals, self.totals = self.totals, {}
         return totals
+
+
+@dataclass
+class BuildClock:
+    """Seconds each part of a session's build took, in order, on the host clock, the device synchronised at each
+    mark so that a part's queued kernels count in it. A session keeps them as ``build_parts``; a timing worker
+    sends them with its start-up, which at large-cached on an H200 (2026-12-04) took 11-15 s of a candidate's
+    measurement of about 30 s, twice (both sides start fresh)."""
+
+    device: torch.device
+    parts: dict[str, float] = field(default_factory=dict)
+    _last: float = field(default_factory=time.perf_counter)
+
+    def mark(self, part: str) -> None:
+        """The time since the previous mark (or since the clock began) is `part`'s."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.parts[part] = self.parts.get(part, 0.0) + now - self._last
+        self._last = now

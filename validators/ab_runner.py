@@ -36,6 +36,7 @@ from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 QUIT_GRACE_S = 10.0
 PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
+BUILD_PART = "build: "  # the prefix of a build part's key in a side's start-up split (ABRunner.startup)
 Side = Literal["a", "b"]
 
 
@@ -264,13 +265,16 @@ class ABRunner:
 
     def startup(self, side: Side) -> dict[str, float] | None:
         """Where a side's start-up went, in seconds: the interpreter and imports ("start": from the spawn until
-        the worker began serving), building the session ("build") and its warm-up steps ("warmup"); None
-        from a worker that sends no stamps (an older code tree's)."""
-        stamps = self.ready.get(side, {}).get("stamps")
+        the worker began serving), building the session ("build", split into "build: PART" where the session
+        times its parts: ``targets.protocol.BuildClock``) and its warm-up steps ("warmup"); None from a worker
+        that sends no stamps (an older code tree's)."""
+        ready = self.ready.get(side, {})
+        stamps = ready.get("stamps")
         if not stamps:
             return None
+        parts = {f"{BUILD_PART}{name}": float(seconds) for name, seconds in (ready.get("build_parts") or {}).items()}
         return {"start": stamps["serving"] - self.workers[side].spawned, "build": stamps["built"] - stamps["serving"],
-                "warmup": stamps["warm"] - stamps["built"]}
+                "warmup": stamps["warm"] - stamps["built"], **parts}
 
     def run(self, side: Side, steps: int) -> list[float]:
         """One block of ``steps`` steps on one side; its per-step seconds. Only this side's processes run meanwhile

@@ -9,7 +9,7 @@ candidate's code.
 Protocol, one JSON object per line. After the session is built and warmed up the worker prints
 ``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...], "stamps": {...}}``
 (``stamps``: wall-clock seconds when serving began, after the imports, when the session was built and when
-it was warm, so the parent can split its start-up). It then reads commands
+it was warm, so the parent can split its start-up; ``build_parts``: the session's own split of its build). It then reads commands
 on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool}`` (per-step seconds from CUDA events on a GPU, perf_counter
 on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
@@ -124,7 +124,7 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     cpus = allowed_cpus()
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
-                    "cpus": cpus, "stamps": stamps})
+                    "cpus": cpus, "stamps": stamps, "build_parts": getattr(session, "build_parts", {})})
     while True:
         command = next_command(commands) if lead else None
         if ranks is not None:

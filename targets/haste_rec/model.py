@@ -22,6 +22,7 @@ from targets.haste_rec.grouping import group_by_frequency, group_random, group_s
 from targets.haste_rec.haste import HasteOutput
 from targets.haste_rec.knobs import PRESET, tail_dot_precision
 from targets.haste_rec.sizes import HasteRecSize
+from targets.protocol import BuildClock
 
 PLAN_BATCHES = 64        # training batches whose id counts plan the embedding cache
 
@@ -149,16 +150,20 @@ class HasteRecModel(nn.Module):
     backend against the device before building anything)."""
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
-                 device: torch.device, seed: int):
+                 device: torch.device, seed: int, clock: BuildClock | None = None):
         super().__init__()
+        clock = clock or BuildClock(device)
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config, size)
         counts, max_unique = cache_plan_inputs(data, size, emb_cfg)
+        clock.mark("cache plan inputs")
         self.embeddings = EmbeddingStore(size.table_rows, size.embedding_dim, emb_cfg, device, seed,
                                          access_counts=counts, max_unique_per_batch=max_unique)
+        clock.mark("embedding tables")
         self.embeddings.warm_caches((data.train_batch(-1 - i) for i in range(CACHE_WARM_BATCHES)),
                                     lambda key, replay: _maybe_cached("cache-warm", _build_key(
                                         data, CACHE_WARM_BATCHES, *key), replay))
+        clock.mark("cache warm-up")
         torch.manual_seed(seed)
         in_dim = size.num_tables * size.embedding_dim + size.num_dense
         self.encoder = Encoder(in_dim, size.encoder_hidden, size.hidden).to(device)
@@ -166,4 +171,5 @@ class HasteRecModel(nn.Module):
         self.output = HasteOutput(size.hidden, size.hidden, head, groups, shape.fan_in,
                                   backend=config["tail_backend"], kernels=kernels, seed=seed,
                                   kernel_config=tail_kernel_config(config)).to(device)
+        clock.mark("output layer")
         self.shape = shape

@@ -26,7 +26,7 @@ from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.row_ops import TableLayout
 from targets.haste_rec.sizes import HasteRecSize
 from targets.haste_rec.work_model import step_work
-from targets.protocol import PhaseTimer, PhaseWork, sequence_digest
+from targets.protocol import BuildClock, PhaseTimer, PhaseWork, sequence_digest
 
 PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
 PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
@@ -61,14 +61,17 @@ class HasteRecSession:
     phase_names = PHASES
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
-                 device: torch.device, seed: int):
+                 device: torch.device, seed: int, clock: BuildClock | None = None):
+        """`clock` times the parts of the build (``build_parts``), continuing one the caller began."""
+        clock = clock or BuildClock(device)
         self.data, self.size, self.config, self.device = data, size, dict(config), device
         self.batch_size = size.batch_size
         check_backend_device(config["tail_backend"], device)  # a config error before any process starts
         if config["dense_cuda_graph"]:
             check_dense_graph(config, device)
         self.batches = loader_first(data, size, config, device)
-        self.model = HasteRecModel(data, size, config, kernels, device, seed)
+        clock.mark("loader")
+        self.model = HasteRecModel(data, size, config, kernels, device, seed, clock)
         self.timer = PhaseTimer(device)
         precision = config["precision"]
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -87,6 +90,8 @@ class HasteRecSession:
         self.position = out.internal_position.to(device)
         self.fused_tail_loss = config["tail_backend"] == "triton-fused-loss"
         self.dense_graphs = DenseGraphs(self) if config["dense_cuda_graph"] else None
+        clock.mark("optimizers and the rest")
+        self.build_parts = clock.parts
 
     # -- the step ------------------------------------------------------------------------------
     def _cast_context(self):

@@ -15,7 +15,7 @@ from targets.haste_rec.session import PHASES, HasteRecSession
 from targets.haste_rec.sizes import SIZES, HasteRecSize, get_size
 from targets.haste_rec.tail_slots import TAIL_SLOTS
 from targets.haste_rec.xc_format import XCDataset, XCFormatError, read_xc
-from targets.protocol import ConfigError, Target
+from targets.protocol import BuildClock, ConfigError, Target
 
 
 def xc_data(path: str, preset: HasteRecSize, seed: int) -> tuple[XCDataset, HasteRecSize]:
@@ -41,9 +41,11 @@ def training_data(size: str, seed: int, data: str | None = None):
 
 def build(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device | str,
           seed: int = 0, data: str | None = None) -> HasteRecSession:
+    clock = BuildClock(torch.device(device))
     source, preset = training_data(size, seed, data)
     apply_host_threads(config["host_threads"])
-    return HasteRecSession(source, preset, config, kernels, torch.device(device), seed)
+    clock.mark("data")
+    return HasteRecSession(source, preset, config, kernels, torch.device(device), seed, clock)
 
 
 def build_ranked(config: Mapping[str, Any], size: str, kernels: Mapping[str, Callable], device: torch.device,

@@ -78,6 +78,7 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     # every timing worker of the run split its start-up: two in each of the A/A runs, the win's and the final A/B
     w = s["worker_startup"]
     assert w["workers"] >= 2 * 4 and w["start_s"] > 0 and w["build_s"] > 0 and w["warmup_s"] >= 0
+    assert w["build_parts"] == {}  # the agent test target does not split its build (haste_rec's: test_ab_workers)
     assert re.search(rf"A timing worker got ready in [0-9.]+ s \(medians of {w['workers']}\): start and imports "
                      r"[0-9.]+, build [0-9.]+, warm-up [0-9.]+\.", md)
     assert "## Against the hardware floor" in md and "| backward |" in md and "reorder bands |" in md
@@ -237,7 +238,8 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
 
     def result(*splits):
         return {"a": {"startup": splits[0]}, "b": {"startup": splits[1]}}
-    one, two = {"start": 1.0, "build": 2.0, "warmup": 0.5}, {"start": 1.2, "build": 2.4, "warmup": 0.4}
+    one = {"start": 1.0, "build": 2.0, "warmup": 0.5, "build: tables": 1.5, "build: loader": 0.5}
+    two = {"start": 1.2, "build": 2.4, "warmup": 0.4, "build: tables": 1.9, "build: loader": 0.5}
     three, four = {"start": 1.1, "build": 8.0, "warmup": 0.5}, {"start": 1.3, "build": 2.2, "warmup": 0.6}
     (tmp_path / "baseline").mkdir()
     (tmp_path / "baseline" / "calibration.json").write_text(json.dumps({"runs": [result(one, two)]}))
@@ -248,6 +250,7 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
     assert w.workers == 4 and w.start_s == pytest.approx(1.15) and w.build_s == pytest.approx(2.3)
     assert w.ready_s == pytest.approx((4.0 + 4.1) / 2)  # the median of the totals 3.5, 4.0, 9.6, 4.1
     assert w.close_s is None  # measurements made before it was recorded
+    assert w.build_parts == {"tables": pytest.approx(1.7), "loader": 0.5}  # from the two workers that split it
 
 
 def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
