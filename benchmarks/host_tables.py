@@ -47,7 +47,7 @@ def main() -> None:
     timed("zero_ again (pages already mapped)", lambda: touched.zero_())
 
     def copy_into_touched() -> None:
-        table = torch.empty(size.table_rows[0], dim, device=device)
+        table = torch.empty(max(size.table_rows), dim, device=device)
         for part in layout.split(touched):
             part.copy_(table[:part.shape[0]])
     timed("copies of every table into mapped pages (no draw)", copy_into_touched)
