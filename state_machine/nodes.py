@@ -311,12 +311,14 @@ def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahea
     without them (it may have run out of device memory beside their builds), unless it ran out of time: their
     builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
     double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run).
+    Nor is a config error tried again: the config says it, not the machine (12 of the first 24 TPE trials at
+    large-cached on an H200, 2026-12-04, asked for more device memory than the embedding budget, each twice).
     A failed try is kept in the candidate's folder (``<mode>_failed*.json``), with the stacks a hung worker left."""
     folder = _dir(state, "candidates", f"{state.current.id:03d}")
     result = run_worker(request, timeout_s=state.plan.timeout_s)
     if not result.ok:
         write_json(folder / f"{request.mode}_failed.json", result)
-    if not result.ok and ahead is not None and result.failure.kind != "timeout":
+    if not result.ok and ahead is not None and result.failure.kind not in ("timeout", "config"):
         ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
                   reason=result.failure.message)
         discard(ahead)

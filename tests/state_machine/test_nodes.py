@@ -266,11 +266,13 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
 
 
 @pytest.mark.parametrize("lane, concurrent, ahead, kind", [(None, False, True, "oom"), (0, True, True, "oom"),
-                                                       (0, False, False, "oom"), (None, False, True, "timeout")])
+                                                       (0, False, False, "oom"), (None, False, True, "timeout"),
+                                                       (None, False, True, "config")])
 def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candidates(
         state, ctx, monkeypatch, tmp_path, lane, concurrent, ahead, kind):
     """On a GPU the candidate's timing workers start while its numerics run; a numerics run that fails beside them
-    runs once more without them (not one that ran out of time: that would only double its cost), each failed try
+    runs once more without them (not one that ran out of time, nor a config error: that would only double its
+    cost), each failed try
     is kept with its detail, and a rejection kills them. A lane whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would
     overlap another lane's timed blocks."""
     from state_machine.state import Baseline, Lane
@@ -295,7 +297,7 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     kept = sorted(p.name for p in Path(one.run_dir, "candidates", "001").glob("numerics_failed*.json"))
     assert kept == (["numerics_failed.json", "numerics_failed_again.json"] if retried else ["numerics_failed.json"])
     assert '"message": "it failed"' in Path(one.run_dir, "candidates", "001", "numerics_failed.json").read_text()
-    if ahead and kind == "timeout":
+    if ahead and kind in ("timeout", "config"):
         assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key")] and not retried
     elif ahead:
         assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key"),
