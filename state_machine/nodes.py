@@ -32,7 +32,7 @@ from state_machine.time_budget import out_of_time
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.ab_runner import PrestartKey, discard, prestart
+from validators.ab_runner import PrestartKey, discard, prestart, prestart_key
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
@@ -42,6 +42,12 @@ PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
+# Pairs of timing workers started during a candidate's validation: the first measurement's, and one for the
+# measurement after it (the extension of one that leaned faster, or a win's confirmation), which otherwise starts
+# its own once the first has ended: 13-17 s of each of 9 such measurements in session 27's `large-cached` run on
+# an H200 (2026-12-03), where 8 of 9 candidates were measured twice. ab_runner.pairs_that_fit keeps it to one
+# where the memory of five workers at once is not there.
+PRESTARTED_PAIRS = 2
 
 
 def _dir(state: RunState, *parts: str) -> Path:
@@ -292,14 +298,15 @@ def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[
 def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Kernels against their references, then the training trajectory against the baseline's. On a GPU the
     candidate's timing workers start meanwhile (``ab_runner.prestart``), unless another lane's timing needs the
-    machine to itself; a rejected candidate's are killed."""
+    machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
+    rejected candidate's are killed."""
     cand = state.current
     if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
         return rejected
     ahead = None
     if state.lane is None or state.plan.concurrent_timing:
         ahead = prestart(incumbent_request(state, "bench"), candidate_request(state, cand, "bench"),
-                         state.plan.timeout_s)
+                         state.plan.timeout_s, pairs=PRESTARTED_PAIRS if state.lane is None else 1)
     updates = _numerics_verdict(state, ctx, ahead)
     if updates["current_verdict"] is not None and ahead is not None:
         discard(ahead)
@@ -370,6 +377,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
     confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
                                plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
+    discard(prestart_key(incumbent, candidate))  # a spare pair no measurement came to
     path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,

@@ -11,7 +11,9 @@ of 52, 2026-11-30), time that otherwise comes after the verdict, once per measur
 that asks for exactly those workers (same specs, labels, CPUs and code trees) adopts them; a rejected
 candidate's are killed (``discard``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run
 only after both are ready and the numerics run has ended, so the validation's work never overlaps a
-timed block.
+timed block. Where memory allows (``pairs_that_fit``), a second pair starts with them for the measurement
+after the first (an extension, a confirmation): the first measurement waits for it to be ready too and stops
+the processes below it (loader workers) until its own measurement adopts it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from targets.worker_protocol import Failure, FailureKind, WorkerRequest
 QUIT_GRACE_S = 10.0
 PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
+PAIRS_SWITCH = "SG_OPT_PRESTART_PAIRS"  # "1": only the first measurement's pair is started ahead (pairs_that_fit)
 BUILD_PART = "build: "  # the prefix of a build part's key in a side's start-up split (ABRunner.startup)
 Side = Literal["a", "b"]
 
@@ -139,28 +142,111 @@ def overlap_builds(a: WorkerRequest, b: WorkerRequest) -> bool:
 
 
 PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...] | None, tuple[str | None, str | None]]
+MEMORY_MARGIN = 1.25  # a candidate's worker may need this much more memory than the largest one seen so far
+
+_largest: dict[str, int] = {}  # the most memory any timing worker of this process reported (``_note_memory``)
+
+
+def _note_memory(ready: dict[str, Any]) -> None:
+    """Remember the largest host and device footprints the workers' ready lines report (``validators.ab_worker``)."""
+    for name, value in (ready.get("memory") or {}).items():
+        if isinstance(value, (int, float)):
+            _largest[name] = max(_largest.get(name, 0), int(value))
+
+
+def _memory_available() -> int | None:
+    """Bytes the host can still give without swapping (MemAvailable); None where /proc does not say."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def pairs_that_fit(requested: int) -> int:
+    """How many of the `requested` pairs of workers to start ahead: more than one only when all the workers the
+    machine then holds at once (two a pair, and the numerics run beside them) fit the host's available memory and
+    the device's, at the largest footprint a worker of this process has reported times MEMORY_MARGIN. Before any
+    worker has reported, one. ``SG_OPT_PRESTART_PAIRS=1`` keeps it at one."""
+    if requested <= 1 or os.environ.get(PAIRS_SWITCH) == "1":
+        return min(requested, 1)
+    host, peak, total = (_largest.get(name, 0) for name in ("host_rss", "device_peak", "device_total"))
+    if not host:
+        return 1
+    workers = 2 * requested + 1
+    available = _memory_available()
+    fits_host = available is not None and workers * host * MEMORY_MARGIN <= available
+    fits_device = not total or workers * peak * MEMORY_MARGIN <= total
+    return requested if fits_host and fits_device else 1
+
+
+def _stop_below(pid: int) -> list[int]:
+    """Stop every process below `pid` (loader workers); the ones stopped."""
+    stopped = []
+    for child in descendants(pid):
+        try:
+            os.kill(child, signal.SIGSTOP)
+            stopped.append(child)
+        except ProcessLookupError:
+            pass
+    return stopped
+
+
+def _continue(pids: Sequence[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 class _Prestarted:
-    """Workers started ahead of their measurement, and the folder their requests live in."""
+    """Workers started ahead of their measurement, and the folder their requests live in. A pair that waits for a
+    later measurement (a spare) is waited for and held by the measurement before it (``wait_and_hold``)."""
 
     def __init__(self, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory):
         self.workers, self.folder = workers, folder
+        self.ready: dict[str, dict[str, Any]] = {}  # ready lines read while it waited as a spare
+        self.held: list[int] = []  # the processes below its workers, stopped while it waits as a spare
+
+    def wait_and_hold(self, deadline: float) -> None:
+        """Both ready, so that no build runs beside the timed blocks of the measurement before its own; then the
+        processes below them stopped (their loaders would refill queues beside those blocks: ``ABRunner._hold``)."""
+        for side, worker in self.workers.items():
+            if side not in self.ready:
+                self.ready[side] = worker.receive(deadline, "ready line")
+                _note_memory(self.ready[side])
+        for worker in self.workers.values():
+            self.held += _stop_below(worker.proc.pid)
+
+    def release(self) -> None:
+        _continue(self.held)
+        self.held = []
 
     def close(self) -> None:
+        self.release()
         for worker in self.workers.values():
             worker.close(graceful=False)
         self.folder.cleanup()
 
 
-_prestarted: dict[PrestartKey, _Prestarted] = {}
+# Pairs started ahead for the measurements of one key, in the order they will be adopted: the first measurement's,
+# then spares for the ones after it (a measurement extended because it leaned faster, the confirmation of a win),
+# each of which would otherwise start its own pair once the one before it has ended (13-17 s at large-cached on an
+# H200, 2026-12-03: 9 of session 27's 21 measurements).
+_prestarted: dict[PrestartKey, list[_Prestarted]] = {}
 _prestarted_lock = threading.Lock()
 
 
-def _key(a: WorkerRequest, b: WorkerRequest, labels: tuple[str, str], cpus: Sequence[int] | None,
-         roots: tuple[str | None, str | None]) -> PrestartKey:
-    return (a.model_dump_json(), b.model_dump_json(), tuple(labels), tuple(cpus) if cpus is not None else None,
-            tuple(roots))
+def prestart_key(a: WorkerRequest, b: WorkerRequest, labels: tuple[str, str] = ("incumbent", "candidate"),
+                 cpus: Sequence[int] | None = None,
+                 roots: tuple[str | None, str | None] = (None, None)) -> PrestartKey:
+    """The key under which workers for a measurement with these arguments are started ahead (``prestart``)."""
+    cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
+    return (a.model_dump_json(), b.model_dump_json(), tuple(labels), tuple(cpus), tuple(roots))
 
 
 def _spawn(specs: dict[str, WorkerRequest], labels: dict[str, str], folder: str, cpus: Sequence[int] | None,
@@ -171,34 +257,57 @@ def _spawn(specs: dict[str, WorkerRequest], labels: dict[str, str], folder: str,
 
 def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
              labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
-             roots: tuple[str | None, str | None] = (None, None), force: bool = False) -> PrestartKey | None:
-    """Start the two workers of a coming ``ABRunner`` with these arguments now; it adopts them. Only where both
-    sides build at once (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the
-    cores of the work they are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
+             roots: tuple[str | None, str | None] = (None, None), force: bool = False,
+             pairs: int = 1) -> PrestartKey | None:
+    """Start the workers of the coming ``ABRunner``s with these arguments now: `pairs` pairs where they fit in
+    memory (``pairs_that_fit``), each adopted by one measurement in turn. Only where both sides build at once
+    (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores of the work they
+    are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
     if not (force or (overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
         return None
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
-    key = _key(a, b, labels, cpus, roots)
+    key = prestart_key(a, b, labels, cpus, roots)
     discard(key)
-    folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
-    workers = _spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus, dict(zip("ab", roots)),
-                     timeout_s, ("a", "b"))
+    entries = []
+    for _ in range(pairs_that_fit(pairs)):
+        folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+        entries.append(_Prestarted(_spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus,
+                                          dict(zip("ab", roots)), timeout_s, ("a", "b")), folder))
     with _prestarted_lock:
-        _prestarted[key] = _Prestarted(workers, folder)
+        _prestarted[key] = entries
     return key
 
 
-def _adopt(key: PrestartKey) -> _Prestarted | None:
+def _adopt(key: PrestartKey) -> tuple[_Prestarted | None, list[_Prestarted]]:
+    """The next pair started ahead under `key` (None: none), and the spares left after it."""
     with _prestarted_lock:
-        return _prestarted.pop(key, None)
+        entries = _prestarted.get(key)
+        if not entries:
+            return None, []
+        entry = entries.pop(0)
+        if not entries:
+            del _prestarted[key]
+        return entry, list(entries)
+
+
+def _drop(key: PrestartKey, entry: _Prestarted) -> None:
+    """Close one pair started ahead (a spare that failed while it waited), so that its measurement starts afresh."""
+    with _prestarted_lock:
+        entries = _prestarted.get(key, [])
+        if entry in entries:
+            entries.remove(entry)
+        if not entries:
+            _prestarted.pop(key, None)
+    entry.close()
 
 
 def discard(key: PrestartKey | None = None) -> None:
     """Kill the workers started ahead under ``key`` (None: all of them), if no measurement adopted them."""
     with _prestarted_lock:
         gone = [_prestarted.pop(k) for k in ([key] if key is not None else list(_prestarted)) if k in _prestarted]
-    for entry in gone:
-        entry.close()
+    for entries in gone:
+        for entry in entries:
+            entry.close()
 
 
 atexit.register(discard)
@@ -222,19 +331,25 @@ class ABRunner:
 
     def __enter__(self) -> "ABRunner":
         self.deadline = time.monotonic() + self.timeout_s
-        ahead = _adopt(_key(self.specs["a"], self.specs["b"], (self.labels["a"], self.labels["b"]), self.cpus,
-                            (self.roots["a"], self.roots["b"])))
+        key = prestart_key(self.specs["a"], self.specs["b"], (self.labels["a"], self.labels["b"]), self.cpus,
+                           (self.roots["a"], self.roots["b"]))
+        ahead, spares = _adopt(key)
         self.started_ahead = False
         if ahead is not None:
             try:
-                self._wait_ready(ahead.workers, ahead.folder)
+                self._wait_ready(ahead)
                 self.started_ahead = True
-                return self
             except SideFailed:  # e.g. out of memory while building beside the numerics run: start afresh
                 ahead.close()
                 self.workers, self.ready, self.ready_s = {}, {}, {}
         try:
-            self._start()
+            if not self.started_ahead:
+                self._start()
+            for spare in spares:  # ready and held before the first timed block; one that fails is dropped
+                try:
+                    spare.wait_and_hold(self.deadline)
+                except SideFailed:
+                    _drop(key, spare)
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise
@@ -254,12 +369,17 @@ class ABRunner:
             if side not in self.ready:
                 self.ready[side] = worker.receive(self.deadline, "ready line")
                 self.ready_s[side] = time.monotonic() - start
+        for ready in self.ready.values():
+            _note_memory(ready)
 
-    def _wait_ready(self, workers: dict[str, _Worker], folder: tempfile.TemporaryDirectory) -> None:
-        """Take over workers started ahead; their ready time is the worker's own (its stamps), from its spawn."""
-        self.workers, self._folder = workers, folder
-        for side, worker in workers.items():
-            self.ready[side] = worker.receive(self.deadline, "ready line")
+    def _wait_ready(self, ahead: _Prestarted) -> None:
+        """Take over workers started ahead (and held, if they waited as a spare); their ready time is the worker's
+        own (its stamps), from its spawn."""
+        self.workers, self._folder = ahead.workers, ahead.folder
+        ahead.release()
+        for side, worker in ahead.workers.items():
+            self.ready[side] = ahead.ready.get(side) or worker.receive(self.deadline, "ready line")
+            _note_memory(self.ready[side])
             stamps = self.ready[side].get("stamps") or {}
             self.ready_s[side] = stamps["warm"] - worker.spawned if "warm" in stamps else 0.0
 
@@ -297,19 +417,10 @@ class ABRunner:
         side is left alone: its ranks are the processes below it, and they talk to each other between blocks."""
         if self.specs[side].ranks > 1 or os.environ.get(HOLD_SWITCH, "1") == "0":
             return
-        for pid in descendants(self.workers[side].proc.pid):
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                self.held.setdefault(side, []).append(pid)
-            except ProcessLookupError:
-                pass
+        self.held.setdefault(side, []).extend(_stop_below(self.workers[side].proc.pid))
 
     def _release(self, side: Side) -> None:
-        for pid in self.held.pop(side, []):
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _continue(self.held.pop(side, []))
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         for side in list(self.held):  # a held loader worker would keep its session's graceful quit waiting

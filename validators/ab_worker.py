@@ -9,7 +9,8 @@ candidate's code.
 Protocol, one JSON object per line. After the session is built and warmed up the worker prints
 ``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...], "stamps": {...}}``
 (``stamps``: wall-clock seconds when serving began, after the imports, when the session was built and when
-it was warm, so the parent can split its start-up; ``build_parts``: the session's own split of its build). It then reads commands
+it was warm, so the parent can split its start-up; ``build_parts``: the session's own split of its build;
+``memory``: its footprint, ``footprint``). It then reads commands
 on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool}`` (per-step seconds from CUDA events on a GPU, perf_counter
 on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 import traceback
@@ -124,7 +126,8 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     cpus = allowed_cpus()
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
-                    "cpus": cpus, "stamps": stamps, "build_parts": getattr(session, "build_parts", {})})
+                    "cpus": cpus, "stamps": stamps, "build_parts": getattr(session, "build_parts", {}),
+                    "memory": footprint(device)})
     while True:
         command = next_command(commands) if lead else None
         if ranks is not None:
@@ -136,6 +139,16 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
             block = ranks.slowest(block)
         if lead:
             reply(out, block)
+
+
+def footprint(device: torch.device) -> dict[str, int]:
+    """This worker's memory once warm: its peak resident host memory, and on a GPU the device memory its allocator
+    has held at most and the device's total (what ``ab_runner.pairs_that_fit`` reads)."""
+    memory = {"host_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # KiB on Linux
+    if device.type == "cuda":
+        memory |= {"device_peak": torch.cuda.max_memory_reserved(device),
+                   "device_total": torch.cuda.get_device_properties(device).total_memory}
+    return memory
 
 
 def reply(out: IO[str], message: dict[str, Any]) -> None:

@@ -278,7 +278,8 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
     calls = []
-    monkeypatch.setattr(nodes, "prestart", lambda a, b, timeout_s: calls.append(("prestart", b.config)) or "key")
+    monkeypatch.setattr(nodes, "prestart", lambda a, b, timeout_s, pairs: calls.append(("prestart", b.config, pairs))
+                        or "key")
     monkeypatch.setattr(nodes, "discard", lambda key: calls.append(("discard", key)))
     failed = WorkerResult(ok=False, target="haste-rec", size="tiny", mode="numerics",
                           failure=Failure(kind=kind, message="it failed"))
@@ -298,9 +299,10 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     assert kept == (["numerics_failed.json", "numerics_failed_again.json"] if retried else ["numerics_failed.json"])
     assert '"message": "it failed"' in Path(one.run_dir, "candidates", "001", "numerics_failed.json").read_text()
     if ahead and kind in ("timeout", "config"):
-        assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key")] and not retried
+        assert calls == [("prestart", {"data_workers": 2}, 2), ("run", "numerics"), ("discard", "key")] and not retried
     elif ahead:
-        assert calls == [("prestart", {"data_workers": 2}), ("run", "numerics"), ("discard", "key"),
+        assert calls == [("prestart", {"data_workers": 2}, 1 if lane is not None else 2), ("run", "numerics"),
+                         ("discard", "key"),
                          ("run", "numerics"), ("discard", "key")] and retried
     else:
         assert calls == [("run", "numerics")]

@@ -1,5 +1,7 @@
 """Workers started ahead of their measurement (on a GPU, while the candidate's numerics run is judged) are the
-ones it times, only those, and never outlive a candidate that does not get there."""
+ones it times, only those, and never outlive a candidate that does not get there; a spare pair for the measurement
+after it starts only where memory allows, is ready and held before the first one's timed blocks, and is the one
+the second measurement times."""
 
 from __future__ import annotations
 
@@ -30,8 +32,15 @@ def spawns(monkeypatch):
     discard()
 
 
-def started_ahead(key) -> dict:
-    return ab_runner._prestarted[key].workers
+def started_ahead(key, pair: int = 0) -> dict:
+    return ab_runner._prestarted[key][pair].workers
+
+
+@pytest.fixture
+def room(monkeypatch):
+    """Workers seen so far were small, and the host has memory to spare: two pairs fit."""
+    monkeypatch.setattr(ab_runner, "_largest", {"host_rss": 1 << 20})
+    monkeypatch.setattr(ab_runner, "_memory_available", lambda: 1 << 40)
 
 
 def test_on_a_cpu_nothing_is_started_ahead(spawns):
@@ -92,3 +101,74 @@ def test_on_a_gpu_workers_started_beside_a_numerics_run_are_the_ones_timed(spawn
     result = measure_ab(incumbent, candidate, blocks=2, steps_per_block=3, timeout_s=180)
     assert result.failure is None, result.failure
     assert result.started_ahead and spawns == ["incumbent", "candidate"]
+
+
+def test_a_spare_pair_is_ready_and_held_during_the_first_measurement_and_timed_by_the_second(spawns, room):
+    key = prestart(OK, SLOW, 60, force=True, pairs=2)
+    first, spare = (list(started_ahead(key, pair).values()) for pair in (0, 1))
+    result = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
+    assert result.failure is None and result.started_ahead and spawns == ["incumbent", "candidate"] * 2
+    assert all(w.proc.poll() is not None for w in first) and all(w.proc.poll() is None for w in spare)
+    (waiting,) = ab_runner._prestarted[key]
+    assert set(waiting.ready) == {"a", "b"}  # read while the first measurement's workers started: no build beside
+    again = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)  # the confirmation, say
+    assert again.failure is None and again.started_ahead and spawns == ["incumbent", "candidate"] * 2
+    assert key not in ab_runner._prestarted and all(w.proc.poll() is not None for w in spare)
+    assert ab_runner._largest["host_rss"] > 1 << 20  # the workers' own footprints were read from their ready lines
+
+
+def test_a_spare_no_measurement_came_to_is_killed_by_discard(spawns, room):
+    key = prestart(OK, SLOW, 60, force=True, pairs=2)
+    spare = list(started_ahead(key, 1).values())
+    assert measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60).started_ahead  # rejected, say
+    discard(key)
+    assert key not in ab_runner._prestarted and all(w.proc.poll() is not None for w in spare)
+
+
+def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_pair(spawns, room):
+    key = prestart(OK, SLOW, 60, force=True, pairs=2)
+    victim = started_ahead(key, 1)["a"].proc
+    kill_tree(victim.pid)
+    victim.wait()
+    assert measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60).started_ahead
+    assert key not in ab_runner._prestarted  # dropped, not kept for the next measurement
+    again = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
+    assert again.failure is None and not again.started_ahead and spawns == ["incumbent", "candidate"] * 3
+
+
+def test_a_second_pair_starts_only_where_five_workers_fit(monkeypatch):
+    monkeypatch.setattr(ab_runner, "_largest", {})
+    assert ab_runner.pairs_that_fit(2) == 1  # no worker seen yet
+    gb = 1 << 30
+    monkeypatch.setattr(ab_runner, "_memory_available", lambda: 120 * gb)  # an H200 host with the agent running
+    monkeypatch.setattr(ab_runner, "_largest", {"host_rss": 16 * gb, "device_peak": 6 * gb, "device_total": 140 * gb})
+    assert ab_runner.pairs_that_fit(2) == 2  # large-cached: 13.3 GB of host tables a worker
+    monkeypatch.setattr(ab_runner, "_largest", {"host_rss": 20 * gb, "device_peak": 6 * gb, "device_total": 140 * gb})
+    assert ab_runner.pairs_that_fit(2) == 1  # 5 x 20 GB x 1.25 over the host's 120
+    monkeypatch.setattr(ab_runner, "_largest", {"host_rss": 4 * gb, "device_peak": 30 * gb, "device_total": 140 * gb})
+    assert ab_runner.pairs_that_fit(2) == 1  # nor the device's
+    monkeypatch.setattr(ab_runner, "_largest", {"host_rss": 4 * gb, "device_peak": 6 * gb, "device_total": 140 * gb})
+    monkeypatch.setenv(ab_runner.PAIRS_SWITCH, "1")
+    assert ab_runner.pairs_that_fit(2) == 1
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_a_spares_helper_processes_stay_stopped_until_its_measurement_adopts_it(spawns, room):
+    """Each session starts a busy helper, as loader workers are: the spare's must not run beside the first
+    measurement's timed blocks, and must run again once its own measurement has it."""
+    from targets.worker_client import descendants
+    from tests.validators.test_ab_workers import _states
+    from validators.ab_runner import ABRunner
+    helper = OK.model_copy(update={"config": {"behaviour": "helper"}})
+    key = prestart(helper, helper, 120, force=True, pairs=2)
+    with ABRunner(helper, helper, timeout_s=120) as runner:
+        assert runner.started_ahead
+        (spare,) = ab_runner._prestarted[key]
+        helpers = [pid for worker in spare.workers.values() for pid in descendants(worker.proc.pid)]
+        assert helpers and _states(helpers, stopped=True) == {"T"}
+        runner.run("a", 2)
+        assert _states(helpers, stopped=True) == {"T"}
+    assert _states(helpers, stopped=True) == {"T"}  # still waiting for its measurement
+    with ABRunner(helper, helper, timeout_s=120) as runner:
+        assert runner.started_ahead and set(runner.workers.values()) == set(spare.workers.values())
+        assert "T" not in _states(helpers)
