@@ -260,7 +260,7 @@ def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
              roots: tuple[str | None, str | None] = (None, None), force: bool = False,
              pairs: int = 1) -> PrestartKey | None:
     """Start the workers of the coming ``ABRunner``s with these arguments now: `pairs` pairs where they fit in
-    memory (``pairs_that_fit``), each adopted by one measurement in turn. Only where both sides build at once
+    memory (``pairs_that_fit``; one for ranked sides), each adopted by one measurement in turn. Only where both sides build at once
     (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores of the work they
     are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
     if not (force or (overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
@@ -269,7 +269,8 @@ def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
     key = prestart_key(a, b, labels, cpus, roots)
     discard(key)
     entries = []
-    for _ in range(pairs_that_fit(pairs)):
+    ranked = a.ranks > 1 or b.ranks > 1  # a spare's ranks would wait in their collectives, stopped or not
+    for _ in range(pairs_that_fit(1 if ranked else pairs)):
         folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
         entries.append(_Prestarted(_spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus,
                                           dict(zip("ab", roots)), timeout_s, ("a", "b")), folder))

@@ -172,3 +172,15 @@ def test_a_spares_helper_processes_stay_stopped_until_its_measurement_adopts_it(
     with ABRunner(helper, helper, timeout_s=120) as runner:
         assert runner.started_ahead and set(runner.workers.values()) == set(spare.workers.values())
         assert "T" not in _states(helpers)
+
+
+def test_ranked_sides_get_no_spare_pair(monkeypatch, room):
+    class Idle:
+        def close(self, graceful):
+            pass
+    started = []
+    monkeypatch.setattr(ab_runner, "_spawn", lambda *args: started.append(args[-1]) or {"a": Idle(), "b": Idle()})
+    ranked = OK.model_copy(update={"ranks": 2})
+    key = prestart(ranked, ranked, 60, force=True, pairs=2)
+    assert started == [("a", "b")] and len(ab_runner._prestarted[key]) == 1
+    discard(key)
