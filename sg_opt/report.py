@@ -82,7 +82,7 @@ def time_line(s: Summary) -> str:
         line += f", other {rest / 60:.1f}" if rest >= 0.05 * 60 else ""
     line += "."
     if (w := s.worker_startup) is not None:
-        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in w.build_parts.items())
+        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in w.build_parts.items() if seconds >= 0.05)
         line += (f" A timing worker got ready in {w.ready_s:.1f} s (medians of {w.workers}): "
                  f"start and imports {w.start_s:.1f}, build {w.build_s:.1f}" + (f" ({parts})" if parts else "")
                  + f", warm-up {w.warmup_s:.1f}.")

@@ -251,6 +251,12 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
     assert w.ready_s == pytest.approx((4.0 + 4.1) / 2)  # the median of the totals 3.5, 4.0, 9.6, 4.1
     assert w.close_s is None  # measurements made before it was recorded
     assert w.build_parts == {"tables": pytest.approx(1.7), "loader": 0.5}  # from the two workers that split it
+    from types import SimpleNamespace
+
+    from sg_opt.report import time_line
+    tiny = w.model_copy(update={"build_parts": {**w.build_parts, "data": 0.01}})  # under 0.05 s: left out
+    assert "build 2.3 (tables 1.7, loader 0.5), warm-up" in time_line(SimpleNamespace(wall_s=60.0, node_s={},
+                                                                                         worker_startup=tiny))
 
 
 def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
