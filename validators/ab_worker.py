@@ -11,9 +11,9 @@ Protocol, one JSON object per line. After the session is built and warmed up the
 (``stamps``: wall-clock seconds when serving began, after the imports, when the session was built and when
 it was warm, so the parent can split its start-up; ``build_parts``: the session's own split of its build;
 ``memory``: its footprint, ``footprint``). It then reads commands
-on stdin: ``{"cmd": "run", "steps": k}`` runs k steps and answers
-``{"step_s": [...], "loss_finite": bool}`` (per-step seconds from CUDA events on a GPU, perf_counter
-on the CPU, the device synchronised at the block's end); ``{"cmd": "quit"}`` exits. Any failure is
+on stdin: ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps and answers
+``{"step_s": [...], "loss_finite": bool, "drained": n}`` (per-step seconds from CUDA events on a GPU,
+perf_counter on the CPU, the device synchronised at the block's end; n untimed steps first, ``run_block``); ``{"cmd": "quit"}`` exits. Any failure is
 one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
 stdout: everything the workload prints (Python or native) is sent to stderr.
 
@@ -66,13 +66,15 @@ def build_session(req: WorkerRequest, job: RankContext | None = None) -> tuple[S
     return session, device, config
 
 
-def run_block(session: Session, device: torch.device, steps: int) -> dict[str, Any]:
+def run_block(session: Session, device: torch.device, steps: int, drain: bool = True) -> dict[str, Any]:
     """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end), after
-    the steps whose input was banked while the other side ran its block (``banked_steps``), untimed."""
-    for _ in range(banked_steps(session)):
+    the steps whose input may have been banked while the other side ran its block (``banked_steps``), untimed,
+    unless the runner says nothing was (`drain` False: ``ABRunner.run``)."""
+    drained = banked_steps(session) if drain else 0
+    for _ in range(drained):
         session.step()
     step_s, losses = time_steps(session, device, steps)
-    return {"step_s": step_s, "loss_finite": all(math.isfinite(float(loss)) for loss in losses)}
+    return {"step_s": step_s, "loss_finite": all(math.isfinite(float(loss)) for loss in losses), "drained": drained}
 
 
 class Ranks:
@@ -134,7 +136,7 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
             command = ranks.share(command)
         if command is None:
             return
-        block = run_block(session, device, command["steps"])
+        block = run_block(session, device, command["steps"], command.get("drain", True) is not False)
         if ranks is not None:
             block = ranks.slowest(block)
         if lead:

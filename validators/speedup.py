@@ -22,8 +22,12 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   ``steps_per_block`` on its baseline; ``block_seconds`` keeps blocks that long after the incumbent got
   faster: at `large`, 3 steps of a 9 ms incumbent were blocks of 27 ms whose medians spread 9.2-11.6 ms,
   and intervals of +-13% hid wins that a 1.1% floor was calibrated to see.
-* **Nothing banked while idle.** Each block first runs, untimed, the steps whose input the session could
-  prepare while the other side ran (``banked_steps``: its loader workers' queues; ``validators.ab_worker``).
+* **Nothing banked while idle.** While one side runs a block, the other side's helper processes (loader
+  workers) are stopped (``ABRunner._hold``), so what a side's queues hold when its block starts was built during
+  its own previous block, as in training. Before a side's first block, and before every block of a side that
+  cannot be held (ranked sides, ``SG_OPT_HOLD_IDLE_SIDE=0``), the worker first runs, untimed, the steps whose
+  input the session could prepare while it idled (``banked_steps``: its loader workers' queues;
+  ``validators.ab_worker``).
 * **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
   step moves nothing). The ratio is the median over block pairs of B's block median over A's:
   *candidate time over incumbent time, below 1 is faster*; the speedup is its inverse. Without drift it

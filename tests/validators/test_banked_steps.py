@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from profilers.coarse import profile_session
@@ -12,6 +13,7 @@ from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.target import build
 from targets.protocol import PhaseTimer
 from targets.worker import banked_steps
+from targets.worker_protocol import WorkerRequest
 from validators.ab_worker import run_block
 
 CPU = torch.device("cpu")
@@ -53,6 +55,28 @@ def test_a_block_after_idle_time_times_the_steady_rate_not_the_bank():
     block = run_block(session, CPU, steps=3)
     assert session.steps == 4 + 3
     assert len(block["step_s"]) == 3 and min(block["step_s"]) > SLOW_S * 0.9
+
+
+def test_a_block_told_not_to_drain_times_the_bank():
+    """Why the runner skips the drain only for a side whose loaders it held while the other side ran."""
+    session = BankingSession(depth=4)
+    session.idle()
+    block = run_block(session, CPU, steps=3, drain=False)
+    assert session.steps == 3 and block["drained"] == 0 and max(block["step_s"]) < SLOW_S * 0.5
+
+
+@pytest.mark.parametrize("hold", ["1", "0"])
+def test_a_held_side_drains_before_its_first_block_only(monkeypatch, hold):
+    """A held side's loaders were stopped while the other side ran: only its first block follows idle building
+    (its warm-up's wait). A side that is not held drains before every block."""
+    from validators.ab_runner import HOLD_SWITCH, ABRunner
+    monkeypatch.setenv(HOLD_SWITCH, hold)
+    spec = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
+                         config={"behaviour": "banked"})
+    with ABRunner(spec, spec, timeout_s=120) as runner:
+        for side in ("a", "b", "b", "a", "a", "b"):
+            runner.run(side, 2)
+    assert runner.drained == ({"a": 3, "b": 3} if hold == "1" else {"a": 9, "b": 9})
 
 
 def test_a_profile_drains_the_bank_before_its_window():
