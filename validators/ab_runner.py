@@ -405,7 +405,8 @@ class ABRunner:
         side's first block, and before every block of a side that is not held: a held side's loader workers were
         stopped while the other side ran, so what its queues hold at a block's start they built during its own
         previous block, as in training. At `large-cached` on an H200 (2026-12-04) a side with two loader workers
-        drained 8 steps before each timed block of 3: its A/A runs spent 60 s in blocks for 12 s of timed steps."""
+        drained 8 steps before each timed block of 6-7: two A/A runs spent 62.9 and 59.4 s in their blocks for
+        25.5 and 23.8 s of timed steps."""
         worker, start = self.workers[side], time.monotonic()
         self._hold("b" if side == "a" else "a")
         self._release(side)
