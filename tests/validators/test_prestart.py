@@ -184,3 +184,22 @@ def test_ranked_sides_get_no_spare_pair(monkeypatch, room):
     key = prestart(ranked, ranked, 60, force=True, pairs=2)
     assert started == [("a", "b")] and len(ab_runner._prestarted[key]) == 1
     discard(key)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_spare_pair_built_beside_a_numerics_run_is_the_second_measurements(spawns, room):
+    """The agent's order on a GPU with two pairs: both start, the numerics run beside them, the first measurement
+    adopts the first pair and holds the spare, the second adopts the spare."""
+    from targets.worker_client import run_worker
+    incumbent = WorkerRequest(target="haste-rec", size="tiny", mode="bench", device="cuda", warmup=1,
+                              config={"data_workers": 1})
+    candidate = incumbent.model_copy(update={"config": {"data_workers": 1, "embedding_grad_mode": "fused"}})
+    key = prestart(incumbent, candidate, 180, pairs=2)
+    assert key is not None and spawns == ["incumbent", "candidate"] * 2
+    numerics = run_worker(candidate.model_copy(update={"mode": "numerics", "steps": 5}), timeout_s=180)
+    assert numerics.ok, numerics.failure
+    for _ in range(2):
+        result = measure_ab(incumbent, candidate, blocks=2, steps_per_block=3, timeout_s=180)
+        assert result.failure is None, result.failure
+        assert result.started_ahead and spawns == ["incumbent", "candidate"] * 2
+    assert key not in ab_runner._prestarted
