@@ -28,7 +28,9 @@ from targets.worker_protocol import WorkerRequest
 
 def processes_below(pid: int) -> int:
     """How many processes descend from `pid` (compile workers, loader workers)."""
-    parents = {int(p): parent_of(int(p)) for p in os.listdir("/proc") if p.isdigit()} if os.path.isdir("/proc") else {}
+    if not os.path.isdir("/proc"):
+        return 0
+    parents = {int(p): parent_of(int(p)) for p in os.listdir("/proc") if p.isdigit()}
     found, todo = 0, [pid]
     while todo:
         parent = todo.pop()

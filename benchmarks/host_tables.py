@@ -40,7 +40,8 @@ def main() -> None:
     rows, dim = sum(size.table_rows), size.embedding_dim
     print(f"{args.size}: {len(size.table_rows)} tables, {rows * dim * 4 / 1e9:.1f} GB on the host, "
           f"{torch.get_num_threads()} threads", flush=True)
-    timed("initial_rows as the trainer draws them", lambda: layout.initial_rows(dim, 0.01, 0, device, torch.device("cpu")))
+    timed("initial_rows as the trainer draws them",
+          lambda: layout.initial_rows(dim, 0.01, 0, device, torch.device("cpu")))
     timed("torch.empty alone (no page touched)", lambda: torch.empty(rows, dim))
     timed("torch.empty + zero_ (every page touched, threaded)", lambda: torch.empty(rows, dim).zero_())
     touched = torch.empty(rows, dim).zero_()

@@ -260,9 +260,9 @@ def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
              roots: tuple[str | None, str | None] = (None, None), force: bool = False,
              pairs: int = 1) -> PrestartKey | None:
     """Start the workers of the coming ``ABRunner``s with these arguments now: `pairs` pairs where they fit in
-    memory (``pairs_that_fit``; one for ranked sides), each adopted by one measurement in turn. Only where both sides build at once
-    (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores of the work they
-    are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
+    memory (``pairs_that_fit``; one for ranked sides), each adopted by one measurement in turn. Only where both
+    sides build at once (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores
+    of the work they are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
     if not (force or (overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
         return None
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)

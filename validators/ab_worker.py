@@ -13,8 +13,8 @@ it was warm, so the parent can split its start-up; ``build_parts``: the session'
 ``memory``: its footprint, ``footprint``). It then reads commands
 on stdin: ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool, "drained": n}`` (per-step seconds from CUDA events on a GPU,
-perf_counter on the CPU, the device synchronised at the block's end; n untimed steps first, ``run_block``); ``{"cmd": "quit"}`` exits. Any failure is
-one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
+perf_counter on the CPU, the device synchronised at the block's end; n untimed steps first, ``run_block``);
+``{"cmd": "quit"}`` exits. Any failure is one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
 stdout: everything the workload prints (Python or native) is sent to stderr.
 
 A request with ``ranks`` > 1 runs under torchrun (``validators.speedup`` starts it so), every rank on

@@ -270,11 +270,11 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
                                                        (None, False, True, "config")])
 def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candidates(
         state, ctx, monkeypatch, tmp_path, lane, concurrent, ahead, kind):
-    """On a GPU the candidate's timing workers start while its numerics run; a numerics run that fails beside them
-    runs once more without them (not one that ran out of time, nor a config error: that would only double its
-    cost), each failed try
-    is kept with its detail, and a rejection kills them. A lane whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would
-    overlap another lane's timed blocks."""
+    """On a GPU the candidate's timing workers start while its numerics run (two pairs with one lane); a numerics
+    run that fails beside them runs once more without them (not one that ran out of time, nor a config error:
+    that would only double its cost), each failed try is kept with its detail, and a rejection kills them. A lane
+    whose timing needs the machine to itself (``TimingTurns``) starts none: their builds would overlap another
+    lane's timed blocks."""
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
     calls = []
