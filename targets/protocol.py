@@ -344,8 +344,8 @@ class PhaseTimer:
 class BuildClock:
     """Seconds each part of a session's build took, in order, on the host clock, the device synchronised at each
     mark so that a part's queued kernels count in it. A session keeps them as ``build_parts``; a timing worker
-    sends them with its start-up, which at large-cached on an H200 (2026-12-04) took 11-15 s of a candidate's
-    measurement of about 30 s, twice (both sides start fresh)."""
+    sends them with its start-up: at large-cached on an H200 (2026-12-04) a timing worker's build took 11-15 s,
+    before every measurement whose workers were not started ahead."""
 
     device: torch.device
     parts: dict[str, float] = field(default_factory=dict)
