@@ -45,10 +45,10 @@ TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitc
 # What every worker's environment sets, whatever the caller's says. A torch.compile'd model (knob compile_encoder)
 # otherwise starts inductor's pool of compile processes, one per CPU, at its first Triton kernel; the pool is not
 # ready for that compile, which runs in the worker anyway, so the pool only starts up (each process importing torch)
-# beside the steps that follow. On the H200 (2026-12-04, the large-cached TPE oracle) 11 of 13 fresh timing sides
+# beside the steps that follow. On the H200 (2026-12-04, the large-cached TPE oracle) 10 of 12 fresh timing sides
 # with the compiled encoder and no loader workers timed their first one to three blocks at 525-801 ms a step
-# against medians of 50-107; sides started ahead, which waited out their first seconds, had none. The pool is the
-# likely cause (``benchmarks/compile_transient.py`` checks it).
+# against 43-104 in their last blocks; sides started ahead, which waited out their first seconds, had none. The
+# pool is the likely cause (``benchmarks/compile_transient.py`` checks it).
 WORKER_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
