@@ -143,6 +143,7 @@ def overlap_builds(a: WorkerRequest, b: WorkerRequest) -> bool:
 
 PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...] | None, tuple[str | None, str | None]]
 MEMORY_MARGIN = 1.25  # a candidate's worker may need this much more memory than the largest one seen so far
+SPARE_WAIT_S = 60.0  # how long a measurement waits for a spare pair after its own workers are ready
 
 _largest: dict[str, int] = {}  # the most memory any timing worker of this process reported (``_note_memory``)
 
@@ -348,9 +349,13 @@ class ABRunner:
         try:
             if not self.started_ahead:
                 self._start()
-            for spare in spares:  # ready and held before the first timed block; one that fails is dropped
+            # Spares ready and held before the first timed block. Built beside this measurement's workers, they
+            # get SPARE_WAIT_S more at most, so that a stuck one costs this measurement none of its own time limit;
+            # one that fails or is late is dropped (its measurement starts afresh).
+            spare_deadline = min(self.deadline, time.monotonic() + SPARE_WAIT_S)
+            for spare in spares:
                 try:
-                    spare.wait_and_hold(self.deadline)
+                    spare.wait_and_hold(spare_deadline)
                 except SideFailed:
                     _drop(key, spare)
         except BaseException as exc:

@@ -203,3 +203,14 @@ def test_on_a_gpu_a_spare_pair_built_beside_a_numerics_run_is_the_second_measure
         assert result.failure is None, result.failure
         assert result.started_ahead and spawns == ["incumbent", "candidate"] * 2
     assert key not in ab_runner._prestarted
+
+
+def test_a_spare_that_is_not_ready_in_time_is_dropped_without_failing_the_measurement(spawns, room, monkeypatch):
+    monkeypatch.setattr(ab_runner, "SPARE_WAIT_S", 0.0)
+    key = prestart(OK, SLOW, 60, force=True, pairs=2)
+    late = started_ahead(key, 1)["b"]
+    monkeypatch.setattr(late, "receive", lambda deadline, what: (_ for _ in ()).throw(
+        ab_runner.SideFailed(late.label, "timeout", f"no {what} before the time limit")))
+    result = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
+    assert result.failure is None and result.started_ahead
+    assert key not in ab_runner._prestarted and late.proc.poll() is not None  # dropped and killed
