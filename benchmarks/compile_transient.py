@@ -19,25 +19,9 @@ import json
 import os
 import time
 
-import torch
-
 from targets.worker import build_session, open_device, sync_device
-from targets.worker_client import parent_of
+from targets.worker_client import descendants
 from targets.worker_protocol import WorkerRequest
-
-
-def processes_below(pid: int) -> int:
-    """How many processes descend from `pid` (compile workers, loader workers)."""
-    if not os.path.isdir("/proc"):
-        return 0
-    parents = {int(p): parent_of(int(p)) for p in os.listdir("/proc") if p.isdigit()}
-    found, todo = 0, [pid]
-    while todo:
-        parent = todo.pop()
-        children = [child for child, ppid in parents.items() if ppid == parent]
-        found += len(children)
-        todo.extend(children)
-    return found
 
 
 def main() -> None:
@@ -68,10 +52,9 @@ def main() -> None:
         sync_device(device)
         now = time.perf_counter()
         print(f"step {step:3d} at {now - began:6.1f} s: {1e3 * (now - start):8.1f} ms, "
-              f"{processes_below(os.getpid())} processes below, {sum(counters['recompiles'].values())} recompiles",
+              f"{len(descendants(os.getpid()))} processes below, {sum(counters['recompiles'].values())} recompiles",
               flush=True)
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(True)
     main()

@@ -57,9 +57,10 @@ def main() -> None:
 
 
 def staged_rows(layout: TableLayout, dim: int) -> torch.Tensor:
-    """``initial_rows``' draws, each table copied from the device into one reused page-locked buffer (a DMA at bus
-    speed) and from there into the pageable host tensor by torch's threaded copy, which also takes the first touch
-    of its pages on every thread (a pageable destination takes the driver's single-threaded staging instead)."""
+    """Tables of ``initial_rows``' shapes, drawn on the device as it draws them (other seeds: only the time is
+    compared), each copied into one reused page-locked buffer (a DMA at bus speed) and from there into the pageable
+    host tensor by torch's threaded copy, which also takes the first touch of its pages on every thread (a pageable
+    destination takes the driver's single-threaded staging instead)."""
     device = torch.device("cuda")
     out = torch.empty(sum(layout.table_rows), dim)
     staging = torch.empty(max(layout.table_rows), dim, pin_memory=True)

@@ -21,7 +21,6 @@ from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
-from validators.ab_runner import BUILD_PART
 from validators.speedup import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -369,9 +368,8 @@ def _worker_startup(run_dir: Path) -> WorkerStartup | None:
                 records = list(_records(json.loads(path.read_text(encoding="utf-8"))))
             except (OSError, json.JSONDecodeError):
                 continue  # a file torn by a kill
-            found = [r["startup"] for r in records if isinstance(r.get("startup"), dict)]
-            splits.update({(x["start"], x["build"], x["warmup"]): {k[len(BUILD_PART):]: v for k, v in x.items()
-                                                                   if k.startswith(BUILD_PART)} for x in found
+            found = [(r["startup"], r.get("build_parts") or {}) for r in records if isinstance(r.get("startup"), dict)]
+            splits.update({(x["start"], x["build"], x["warmup"]): parts for x, parts in found
                            if all(isinstance(x.get(k), (int, float)) for k in ("start", "build", "warmup"))})
             ahead += sum(1 for r in records if r.get("started_ahead") is True and "final_ab" not in path.name)
             closes.update({(r.get("wall_s"), r["close_s"]): None for r in records

@@ -42,11 +42,8 @@ PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
-# Pairs of timing workers started during a candidate's validation: the first measurement's, and one for the
-# measurement after it (the extension of one that leaned faster, or a win's confirmation), which otherwise starts
-# its own once the first has ended: 13-17 s of each of 9 such measurements in session 27's `large-cached` run on
-# an H200 (2026-12-03), where 8 of 9 candidates were measured twice. ab_runner.pairs_that_fit keeps it to one
-# where the memory of five workers at once is not there.
+# Pairs of timing workers started during a candidate's validation: the first measurement's and a spare for the one
+# after it, where memory allows (``ab_runner.prestart``).
 PRESTARTED_PAIRS = 2
 
 

@@ -39,7 +39,6 @@ QUIT_GRACE_S = 10.0
 PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
 PAIRS_SWITCH = "SG_OPT_PRESTART_PAIRS"  # "1": only the first measurement's pair is started ahead (pairs_that_fit)
-BUILD_PART = "build: "  # the prefix of a build part's key in a side's start-up split (ABRunner.startup)
 Side = Literal["a", "b"]
 
 
@@ -118,6 +117,13 @@ class _Worker:
             raise SideFailed(self.label, str(message["error"]), str(message.get("message", "")), self._stderr_tail())
         return message
 
+    def ready_line(self, deadline: float) -> dict[str, Any]:
+        """The worker's ready line, once it has built and warmed up; its memory footprint is remembered
+        (``pairs_that_fit``)."""
+        ready = self.receive(deadline, "ready line")
+        _note_memory(ready)
+        return ready
+
     def close(self, graceful: bool) -> None:
         """Ask politely (when graceful), then kill the whole process tree (it may hold data-loader children, or
         torchrun's ranks, each in a session of its own)."""
@@ -141,11 +147,11 @@ def overlap_builds(a: WorkerRequest, b: WorkerRequest) -> bool:
     return a.device.startswith("cuda") and b.device.startswith("cuda")
 
 
-PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...] | None, tuple[str | None, str | None]]
+PrestartKey = tuple[str, str, tuple[str, str], tuple[int, ...], tuple[str | None, str | None]]
 MEMORY_MARGIN = 1.25  # a candidate's worker may need this much more memory than the largest one seen so far
 SPARE_WAIT_S = 60.0  # how long a measurement waits for a spare pair after its own workers are ready
 
-_largest: dict[str, int] = {}  # the most memory any timing worker of this process reported (``_note_memory``)
+_largest: dict[str, int] = {}  # the most memory any timing worker of this process reported (``_Worker.ready_line``)
 
 
 def _note_memory(ready: dict[str, Any]) -> None:
@@ -218,8 +224,7 @@ class _Prestarted:
         processes below them stopped (their loaders would refill queues beside those blocks: ``ABRunner._hold``)."""
         for side, worker in self.workers.items():
             if side not in self.ready:
-                self.ready[side] = worker.receive(deadline, "ready line")
-                _note_memory(self.ready[side])
+                self.ready[side] = worker.ready_line(deadline)
         for worker in self.workers.values():
             self.held += _stop_below(worker.proc.pid)
 
@@ -236,8 +241,8 @@ class _Prestarted:
 
 # Pairs started ahead for the measurements of one key, in the order they will be adopted: the first measurement's,
 # then spares for the ones after it (a measurement extended because it leaned faster, the confirmation of a win),
-# each of which would otherwise start its own pair once the one before it has ended (13-17 s at large-cached on an
-# H200, 2026-12-03: 9 of session 27's 21 measurements).
+# each of which would otherwise start its own pair once the one before it has ended (12.7-18.3 s until ready at
+# large-cached on an H200, 2026-12-03: 9 of session 27's 18 measurements).
 _prestarted: dict[PrestartKey, list[_Prestarted]] = {}
 _prestarted_lock = threading.Lock()
 
@@ -371,14 +376,12 @@ class ABRunner:
             self.workers.update(_spawn(self.specs, self.labels, self._folder.name, self.cpus, self.roots,
                                        self.timeout_s, (side,)))
             if not overlap:
-                self.ready[side] = self.workers[side].receive(self.deadline, "ready line")
+                self.ready[side] = self.workers[side].ready_line(self.deadline)
                 self.ready_s[side] = time.monotonic() - start
         for side, worker in self.workers.items():
             if side not in self.ready:
-                self.ready[side] = worker.receive(self.deadline, "ready line")
+                self.ready[side] = worker.ready_line(self.deadline)
                 self.ready_s[side] = time.monotonic() - start
-        for ready in self.ready.values():
-            _note_memory(ready)
 
     def _wait_ready(self, ahead: _Prestarted) -> None:
         """Take over workers started ahead (and held, if they waited as a spare); their ready time is the worker's
@@ -386,23 +389,19 @@ class ABRunner:
         self.workers, self._folder = ahead.workers, ahead.folder
         ahead.release()
         for side, worker in ahead.workers.items():
-            self.ready[side] = ahead.ready.get(side) or worker.receive(self.deadline, "ready line")
-            _note_memory(self.ready[side])
+            self.ready[side] = ahead.ready.get(side) or worker.ready_line(self.deadline)
             stamps = self.ready[side].get("stamps") or {}
             self.ready_s[side] = stamps["warm"] - worker.spawned if "warm" in stamps else 0.0
 
     def startup(self, side: Side) -> dict[str, float] | None:
         """Where a side's start-up went, in seconds: the interpreter and imports ("start": from the spawn until
-        the worker began serving), building the session ("build", split into "build: PART" where the session
-        times its parts: ``targets.protocol.BuildClock``) and its warm-up steps ("warmup"); None from a worker
-        that sends no stamps (an older code tree's)."""
-        ready = self.ready.get(side, {})
-        stamps = ready.get("stamps")
+        the worker began serving), building the session ("build") and its warm-up steps ("warmup"); None
+        from a worker that sends no stamps (an older code tree's)."""
+        stamps = self.ready.get(side, {}).get("stamps")
         if not stamps:
             return None
-        parts = {f"{BUILD_PART}{name}": float(seconds) for name, seconds in (ready.get("build_parts") or {}).items()}
         return {"start": stamps["serving"] - self.workers[side].spawned, "build": stamps["built"] - stamps["serving"],
-                "warmup": stamps["warm"] - stamps["built"], **parts}
+                "warmup": stamps["warm"] - stamps["built"]}
 
     def run(self, side: Side, steps: int) -> list[float]:
         """One block of ``steps`` steps on one side; its per-step seconds. Only this side's processes run meanwhile

@@ -14,8 +14,8 @@ it was warm, so the parent can split its start-up; ``build_parts``: the session'
 on stdin: ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps and answers
 ``{"step_s": [...], "loss_finite": bool, "drained": n}`` (per-step seconds from CUDA events on a GPU,
 perf_counter on the CPU, the device synchronised at the block's end; n untimed steps first, ``run_block``);
-``{"cmd": "quit"}`` exits. Any failure is one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
-stdout: everything the workload prints (Python or native) is sent to stderr.
+``{"cmd": "quit"}`` exits. Any failure is one line ``{"error": kind, "message": ...}`` and the process exits.
+The protocol owns the real stdout: everything the workload prints (Python or native) is sent to stderr.
 
 A request with ``ranks`` > 1 runs under torchrun (``validators.speedup`` starts it so), every rank on
 the same stdin and stdout: rank 0 reads the commands and passes them on, every rank runs the block,
@@ -106,7 +106,8 @@ def next_command(commands: IO[str]) -> dict[str, Any] | None:
         command = json.loads(line)
         if command.get("cmd") == "quit":
             return None
-        if command.get("cmd") != "run" or not isinstance(command.get("steps"), int) or command["steps"] < 1:
+        if (command.get("cmd") != "run" or not isinstance(command.get("steps"), int) or command["steps"] < 1
+                or not isinstance(command.get("drain", True), bool)):
             raise ValueError(f"unknown command {line.strip()[:200]}")
         return command
     return None
@@ -136,7 +137,7 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
             command = ranks.share(command)
         if command is None:
             return
-        block = run_block(session, device, command["steps"], command.get("drain", True) is not False)
+        block = run_block(session, device, command["steps"], command.get("drain", True))
         if ranks is not None:
             block = ranks.slowest(block)
         if lead:

@@ -128,6 +128,8 @@ class SideSummary(BaseModel):
     startup: dict[str, float] | None = Field(None, description="this worker's own start-up, in seconds: "
                                              "interpreter and imports (start), session build (build), warm-up "
                                              "steps (warmup); ABRunner.startup")
+    build_parts: dict[str, float] = Field(default_factory=dict, description="its build split into the parts the "
+                                          "session timed, in seconds (targets.protocol.BuildClock)")
 
 
 class ABResult(BaseModel):
@@ -272,6 +274,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
+                sides[s].build_parts = runner.ready[s].get("build_parts") or {}
             common["blocks_s"], closing = runner.blocks_s, time.monotonic()
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure, failed_side=exc.label,
@@ -389,7 +392,8 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
     a = [m for r in results for m in r.a.block_medians]
     b = [m for r in results for m in r.b.block_medians]
     low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
-    sides = {s: getattr(first, s).model_copy(update={"block_medians": m, "ready_s": None, "startup": None})
+    sides = {s: getattr(first, s).model_copy(update={"block_medians": m, "ready_s": None, "startup": None,
+                                                     "build_parts": {}})
              for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
     ratio = paired_ratio(a, b)
     return first.model_copy(update=dict(

@@ -150,9 +150,8 @@ class HasteRecModel(nn.Module):
     backend against the device before building anything)."""
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
-                 device: torch.device, seed: int, clock: BuildClock | None = None):
+                 device: torch.device, seed: int, clock: BuildClock):
         super().__init__()
-        clock = clock or BuildClock(device)
         shape = ModelShape.resolve(config, size)
         emb_cfg = embedding_config(config, size)
         counts, max_unique = cache_plan_inputs(data, size, emb_cfg)

@@ -61,9 +61,8 @@ class HasteRecSession:
     phase_names = PHASES
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
-                 device: torch.device, seed: int, clock: BuildClock | None = None):
-        """`clock` times the parts of the build (``build_parts``), continuing one the caller began."""
-        clock = clock or BuildClock(device)
+                 device: torch.device, seed: int, clock: BuildClock):
+        """`clock` times the parts of the build (``build_parts``), continuing the one the caller began."""
         self.data, self.size, self.config, self.device = data, size, dict(config), device
         self.batch_size = size.batch_size
         check_backend_device(config["tail_backend"], device)  # a config error before any process starts

@@ -236,11 +236,12 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
     """The quoted final A/B is a copy of one of the two kept beside it: its workers are not counted twice."""
     from sg_opt.summary import _worker_startup
 
-    def result(*splits):
-        return {"a": {"startup": splits[0]}, "b": {"startup": splits[1]}}
-    one = {"start": 1.0, "build": 2.0, "warmup": 0.5, "build: tables": 1.5, "build: loader": 0.5}
-    two = {"start": 1.2, "build": 2.4, "warmup": 0.4, "build: tables": 1.9, "build: loader": 0.5}
-    three, four = {"start": 1.1, "build": 8.0, "warmup": 0.5}, {"start": 1.3, "build": 2.2, "warmup": 0.6}
+    def result(*sides):
+        return dict(zip("ab", sides))
+    one = {"startup": {"start": 1.0, "build": 2.0, "warmup": 0.5}, "build_parts": {"tables": 1.5, "loader": 0.5}}
+    two = {"startup": {"start": 1.2, "build": 2.4, "warmup": 0.4}, "build_parts": {"tables": 1.9, "loader": 0.5}}
+    three = {"startup": {"start": 1.1, "build": 8.0, "warmup": 0.5}}
+    four = {"startup": {"start": 1.3, "build": 2.2, "warmup": 0.6}}
     (tmp_path / "baseline").mkdir()
     (tmp_path / "baseline" / "calibration.json").write_text(json.dumps({"runs": [result(one, two)]}))
     (tmp_path / "final_ab_disturbed.json").write_text(json.dumps(result(three, four)))

@@ -5,6 +5,8 @@ the second measurement times."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import validators.ab_runner as ab_runner
@@ -206,11 +208,15 @@ def test_on_a_gpu_a_spare_pair_built_beside_a_numerics_run_is_the_second_measure
 
 
 def test_a_spare_that_is_not_ready_in_time_is_dropped_without_failing_the_measurement(spawns, room, monkeypatch):
-    monkeypatch.setattr(ab_runner, "SPARE_WAIT_S", 0.0)
+    """A spare that never answers costs the measurement before it SPARE_WAIT_S, not its own time limit (60 s)."""
+    monkeypatch.setattr(ab_runner, "SPARE_WAIT_S", 1.0)
     key = prestart(OK, SLOW, 60, force=True, pairs=2)
     late = started_ahead(key, 1)["b"]
-    monkeypatch.setattr(late, "receive", lambda deadline, what: (_ for _ in ()).throw(
-        ab_runner.SideFailed(late.label, "timeout", f"no {what} before the time limit")))
+
+    def silent(deadline, what):  # as a worker stuck in its build: nothing until the deadline, then the timeout
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        raise ab_runner.SideFailed(late.label, "timeout", f"no {what} before the time limit")
+    monkeypatch.setattr(late, "receive", silent)
     result = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
-    assert result.failure is None and result.started_ahead
+    assert result.failure is None and result.started_ahead and result.wall_s < 30
     assert key not in ab_runner._prestarted and late.proc.poll() is not None  # dropped and killed
