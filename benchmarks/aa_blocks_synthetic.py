@@ -5,7 +5,7 @@
 
 The noise floor is the worst of two A/A runs' |1 - ratio| + half-width, so it is as loose as an A/A
 interval. Each trial here sets the floor from two A/A runs of ``--aa-blocks`` blocks a side, then judges a
-candidate with the agent's own ``validators.speedup.confirm_win`` (6 blocks, extended once when it leans
+candidate with the agent's own ``validators.confirmation.confirm_win`` (6 blocks, extended once when it leans
 faster, confirmed by a second measurement), its process-level measurement replaced by synthetic block
 medians. Block medians are lognormal around the step (``--sigma`` per block; 0.07 is the spread of the
 13.6 ms `large` incumbent's A/A blocks on an H200, 2026-11-30: 12.2-17.6 ms), with a random walk that both
@@ -22,9 +22,10 @@ from unittest import mock
 import numpy as np
 
 from targets.worker_protocol import WorkerRequest
-from validators import speedup
+from validators import confirmation
 from validators.ab_stats import analyse, block_order, floor_from
-from validators.speedup import ABResult, SideSummary, confirm_win, spec_digest
+from validators.confirmation import confirm_win
+from validators.speedup import ABResult, SideSummary, spec_digest
 
 INCUMBENT = WorkerRequest(target="haste-rec", size="large", mode="bench")
 CANDIDATE = INCUMBENT.model_copy(update={"config": {"pack_batches": True}})
@@ -62,7 +63,7 @@ def trial_rates(aa_blocks: int, truth: float, trials: int, args: argparse.Namesp
     def fake_measure(a, b, blocks, *rest, floor=0.0, seed=0, **kwargs):
         return measured(*block_medians(rng, blocks, truth, **noise), floor=floor, seed=seed)
     floors, accepted = [], 0
-    with mock.patch.object(speedup, "measure_ab", fake_measure):
+    with mock.patch.object(confirmation, "measure_ab", fake_measure):
         for trial in range(trials):
             aa = [measured(*block_medians(rng, aa_blocks, 1.0, **noise), floor=0.0, seed=next(seeds))
                   for _ in range(2)]

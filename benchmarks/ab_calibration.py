@@ -20,7 +20,8 @@ import sys
 import time
 
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, confirm_win, measure_ab
+from validators.confirmation import confirm_win
+from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
 
 TARGET = "benchmarks.slowed_target:TARGET"
 

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import (ABResult, NoiseFloor, block_spread, calibrate_noise_floor, measure_ab,
-                               steadier_of_two)
+from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
+from validators.steadiness import block_spread, steadier_of_two
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,

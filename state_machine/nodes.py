@@ -36,7 +36,9 @@ from validators.ab_runner import PrestartKey, discard, prestart, prestart_key
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
-from validators.speedup import ABResult, CalibrationFailed, confirm_win, measure_ab, steadier_of_two
+from validators.confirmation import confirm_win
+from validators.speedup import ABResult, CalibrationFailed, measure_ab
+from validators.steadiness import steadier_of_two
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100

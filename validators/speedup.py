@@ -44,18 +44,18 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 * **The decision rule.** ``faster`` only when the interval's upper bound on candidate/incumbent is
   below 1 - floor; ``slower`` when its lower bound is above 1 + floor; otherwise ``no-difference``;
   ``failed`` when either side crashed, hung, ran out of memory or produced a non-finite loss.
-* **Confirmation.** ``confirm_win`` accepts a win only if a second measurement in fresh processes
-  says ``faster`` again.
+* **Confirmation.** ``validators.confirmation.confirm_win`` accepts a win only if a second measurement in
+  fresh processes says ``faster`` again.
 * **Extended once when it leans.** A measurement whose interval straddles the floor while its point
-  estimate is past it (``leans_faster``) gets as many blocks again, in fresh workers, and is judged on the
-  block pairs of both (``pooled``). At `large`, against a 13 ms host-bound incumbent, six blocks a side
-  gave intervals of +-10% (0.854-1.048 for a point estimate of 0.959), too wide for the wins of 5-10% that
-  are left there. Looking at the data before deciding to take more raises the chance that noise passes,
-  so the second, independent measurement must still say ``faster`` on its own terms (itself extended
+  estimate is past it (``validators.confirmation.leans_faster``) gets as many blocks again, in fresh workers,
+  and is judged on the block pairs of both (``pooled``). At `large`, against a 13 ms host-bound incumbent, six
+  blocks a side gave intervals of +-10% (0.854-1.048 for a point estimate of 0.959), too wide for the wins of
+  5-10% that are left there. Looking at the data before deciding to take more raises the chance that noise
+  passes, so the second, independent measurement must still say ``faster`` on its own terms (itself extended
   at most once): on synthetic A/A timings the whole protocol accepts no more often than 1% of the time.
-* **Stalled blocks.** ``disturbed`` flags a result in which a side's block medians spread by more than
-  ``DISTURBED_SPREAD`` = 25% and ``DISTURBED_FLOORS`` = 5 noise floors: something outside the workers
-  slowed part of the run, and the median of pair ratios then mixes stalled and steady pairs. The agent's
+* **Stalled blocks.** ``validators.steadiness.disturbed`` flags a result in which a side's block medians spread
+  by more than ``DISTURBED_SPREAD`` = 25% and ``DISTURBED_FLOORS`` = 5 noise floors: something outside the
+  workers slowed part of the run, and the median of pair ratios then mixes stalled and steady pairs. The agent's
   final measurement and ``sg-opt bench --vs`` repeat such a measurement once and quote the steadier run
   (``steadier_of_two``), so that a run's figure and its re-measurement are measured alike.
 * **No silent swap.** Each side of a result carries its label and a digest of its spec (target, size,
@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -85,18 +84,13 @@ from pydantic import BaseModel, Field
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_runner import ABRunner, Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
-                                 bootstrap_ratio_ci, decide, floor_from, order_correlation, paired_ratio)
+                                 floor_from)
 
 # An A/A run may end at half its blocks (at least this many a side) when its bias plus half-width is already below
 # half of MIN_FLOOR there: its floor is MIN_FLOOR either way, unless the second half differed several-fold. `xl`'s
 # baseline on an H200 (2026-11-30) had 0.08% and 0.17% after 40 blocks, in A/A runs of 110 s each.
 SETTLED_MIN_BLOCKS = 10
 MAX_STEP_FACTOR = 32  # the faster side runs at most this many times the slower side's steps per block
-DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
-DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run
-DRIFT_CORRELATION = 0.6  # a disturbed side whose block medians follow their order this closely drifted (drift)
-DRIFT_MIN_BLOCKS = 6     # fewer blocks say too little about a trend
-EXTENSION_SEED = 1000  # the bootstrap seed offset of an extension's own interval
 UNCALIBRATED_FLOOR = 0.10  # for callers that skip calibration; the shared 2-core CI box calibrates to 6-10%
 
 
@@ -159,13 +153,12 @@ class ABResult(BaseModel):
                                              "the protocol's own cost")
     close_s: float = Field(0.0, description="wall seconds from its last block's end until both workers had exited")
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
-                                      "from (see pooled)")
+                                      "from (see validators.confirmation.pooled)")
     started_ahead: bool = Field(False, description="its workers were started before it, while the candidate's "
                                                    "numerics run was judged (ab_runner.prestart)")
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
-                                               "steadier_of_two), or why it ran fewer blocks than asked "
-                                               "(measure_ab's settled_below)")
-
+                                               "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
+                                               "than asked (measure_ab's settled_below)")
 
     @property
     def medians_s(self) -> float:
@@ -189,12 +182,6 @@ class NoiseFloor(BaseModel):
     def step_ms(self) -> float:
         """The calibrated spec's step time: the median of every A/A block, in ms."""
         return 1e3 * float(np.median(self.block_medians))
-
-
-class Confirmation(BaseModel):
-    accepted: bool
-    reason: str
-    runs: list[ABResult]
 
 
 class SidesMismatch(RuntimeError):
@@ -313,145 +300,3 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
             raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}", run.failure)
         runs.append(run)
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
-
-
-def _spread(medians: Sequence[float]) -> float:
-    """A side's relative spread of block medians (slowest / fastest - 1); 0 without positive medians."""
-    return max(medians) / min(medians) - 1.0 if medians and min(medians) > 0 else 0.0
-
-
-def block_spread(result: ABResult) -> float:
-    """The larger of the two sides' relative spread of block medians (slowest / fastest - 1)."""
-    return max(_spread(result.a.block_medians), _spread(result.b.block_medians))
-
-
-def disturbed(result: ABResult, floor: float) -> bool:
-    """Whether some blocks of a side ran far slower than its others: a spread above DISTURBED_SPREAD and
-    DISTURBED_FLOORS noise floors. The median of pair ratios then mixes stalled pairs with steady ones
-    (the final A/B of one H200 run: baseline blocks of 117, 117, 117, 220, 190 and 334 ms against a
-    steady 29-30 ms gave 0.201, where its three steady pairs gave 0.250-0.258)."""
-    return block_spread(result) > max(DISTURBED_SPREAD, DISTURBED_FLOORS * floor)
-
-
-def drift(result: ABResult) -> str | None:
-    """Says which side drifted, if any: a side whose block medians spread by more than DISTURBED_SPREAD and follow
-    their order (``ab_stats.order_correlation`` at least DRIFT_CORRELATION either way) was not in a steady state
-    while it was timed; None for steady sides and for stalls scattered among steady blocks. The final measurement
-    of an H200 run at `large-cached` (2026-12-01), timed while the best configuration's device caches filled: its
-    blocks took 24-26 ms for four blocks, 33 for the fifth, then 43-64 ms, rank correlation 0.80 (0.75 in its
-    repeat; the baseline's 0.50 and 0.29)."""
-    said = []
-    for side in (result.a, result.b):
-        medians = side.block_medians
-        if len(medians) < DRIFT_MIN_BLOCKS or _spread(medians) <= DISTURBED_SPREAD:
-            continue
-        rho = order_correlation(medians)
-        if abs(rho) >= DRIFT_CORRELATION:
-            q = max(1, len(medians) // 4)
-            said.append(f"{side.label}'s blocks {'slowed' if rho > 0 else 'sped up'} as it ran, from "
-                        f"{statistics.median(medians[:q]) * 1e3:.1f} ms (the first {q}) to "
-                        f"{statistics.median(medians[-q:]) * 1e3:.1f} ms (the last {q}), rank correlation {rho:.2f} "
-                        f"with their order: it was not in a steady state")
-    return "; ".join(said) or None
-
-
-def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[ABResult]]:
-    """``measure(repeat)`` once; when ``disturbed`` (against its own floor), once more (repeat 1), and quote the
-    run of the smaller block spread, its ``note`` saying why: (quoted, every run made). The agent's final
-    measurement and ``sg-opt bench --vs`` both measure this way, so that a run's figure and its fresh
-    re-measurement are measured alike."""
-    first = measure(0)
-    if first.failure is not None or not disturbed(first, first.floor):
-        return first, [first]
-    repeat = measure(1)
-    said = (f"the first measurement was disturbed (block spread {block_spread(first):.0%}, noise floor "
-            f"{first.floor:.3f}); it was repeated")
-    if repeat.failure is not None:
-        return first.model_copy(update={"note": f"{said}, the repeat failed ({repeat.failure.kind}), and the "
-                                                f"first is quoted"}), [first, repeat]
-    quoted = min((first, repeat), key=block_spread)
-    trend = drift(quoted)
-    return quoted.model_copy(update={"note": f"{said} (block spread {block_spread(repeat):.0%}), and the steadier "
-                                             f"run, {'the first' if quoted is first else 'the repeat'}, is quoted"
-                                             + (f"; in it, {trend}" if trend else "")}), [first, repeat]
-
-
-def leans_faster(result: ABResult) -> bool:
-    """Inconclusive, but with its point estimate past the floor: more blocks may settle it."""
-    return (result.verdict == "no-difference" and result.ratio is not None
-            and result.ratio < 1.0 - result.floor)
-
-
-def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 0) -> ABResult:
-    """One result from the block pairs of several measurements of the same two specs: each pair ran in the
-    same minute on both sides, so pairs from fresh workers are as good units of the bootstrap as pairs from
-    one pair of workers; the ratio, interval and verdict are drawn from all of them."""
-    first = results[0]
-    if any((r.a.digest, r.b.digest) != (first.a.digest, first.b.digest) for r in results):
-        raise SidesMismatch("pooled measurements must all time the same two specs")
-    a = [m for r in results for m in r.a.block_medians]
-    b = [m for r in results for m in r.b.block_medians]
-    low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
-    sides = {s: getattr(first, s).model_copy(update={"block_medians": m, "ready_s": None, "startup": None,
-                                                     "build_parts": {}})
-             for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
-    ratio = paired_ratio(a, b)
-    return first.model_copy(update=dict(
-        a=sides["a"], b=sides["b"], ratio=ratio, speedup=1.0 / ratio, ci_low=low, ci_high=high,
-        verdict=decide(low, high, first.floor), order=[s for r in results for s in r.order],
-        blocks=sum(r.blocks for r in results), wall_s=sum(r.wall_s for r in results),
-        blocks_s=sum(r.blocks_s for r in results), close_s=sum(r.close_s for r in results),
-        pools=sum(r.pools for r in results), resamples=resamples))
-
-
-def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
-                    steps_per_block: int, timeout_s: float, first: ABResult | None = None, *, seed: int = 0,
-                    cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> list[ABResult]:
-    """A measurement of the candidate against the incumbent, extended once when it ``leans_faster``: the
-    runs made, the pooled one last, whose verdict stands."""
-    def measure(run_seed: int) -> ABResult:
-        result = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=run_seed,
-                            cpus=cpus, block_seconds=block_seconds)
-        assert_sides(result, incumbent, candidate)
-        return result
-    if first is None:
-        first = measure(seed)
-    assert_sides(first, incumbent, candidate)
-    if not leans_faster(first):
-        return [first]
-    more = measure(seed + EXTENSION_SEED)
-    if more.failure is not None:
-        return [first, more]
-    return [first, more, pooled([first, more], first.resamples, seed)]
-
-
-def _said(runs: Sequence[ABResult]) -> str:
-    last = runs[-1]
-    said = f"says {last.verdict}"
-    if last.pools > 1:
-        said += f" over the blocks of {last.pools} measurements (the first leaned faster, ratio {runs[0].ratio:.4f})"
-    return said
-
-
-def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
-                steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
-                seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> Confirmation:
-    """Accept a win only if a second measurement, in fresh processes, also says ``faster`` (each of the two
-    extended once when it leans faster; see ``measure_settled``)."""
-    settle = dict(seed=seed, cpus=cpus, block_seconds=block_seconds)
-    runs = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, first, **settle)
-    if runs[-1].verdict != "faster":
-        return Confirmation(accepted=False, reason=f"the first measurement {_said(runs)}, not faster", runs=runs)
-    settle["seed"] = seed + 1
-    again = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, **settle)
-    last = again[-1]
-    if last.verdict != "faster":
-        return Confirmation(accepted=False, runs=runs + again,
-                            reason=f"the win did not hold in fresh processes: the second measurement {_said(again)} "
-                                   f"(ratio {last.ratio}, interval {last.ci_low}..{last.ci_high})")
-    drifted = next((said for run in runs + again if (said := drift(run))), None)  # said, not judged: see drift
-    return Confirmation(accepted=True, runs=runs + again,
-                        reason=f"faster twice in fresh processes: ratios {runs[-1].ratio:.4f} and {last.ratio:.4f}, "
-                               f"both intervals below 1 - {last.floor:.4f}"
-                               + (" (extended once: it leaned faster)" if len(runs + again) > 2 else "")
-                               + (f"; but {drifted}" if drifted else ""))

@@ -198,7 +198,7 @@ def test_the_reports_wall_time_includes_the_final_measurement(state, ctx, monkey
 
 def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypatch):
     from state_machine.state import Baseline
-    from validators.speedup import Confirmation
+    from validators.confirmation import Confirmation
     seen = {}
 
     def confirm_win(incumbent, cand, floor, blocks, steps_per_block, timeout_s, **kwargs):
@@ -223,7 +223,8 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     floor in force, and measure judges candidates against the newest one."""
     from state_machine.state import Baseline, Incumbent
     from targets.worker_protocol import Failure
-    from validators.speedup import Confirmation, NoiseFloor
+    from validators.confirmation import Confirmation
+    from validators.speedup import NoiseFloor
     calibrated, profiled = [], []
 
     def noise_floor(st, spec, blocks, block_steps, timeout_s):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.validators.test_speedup import CANDIDATE, INCUMBENT, result_for, scripted, timed
-from validators.speedup import confirm_win
+from validators.confirmation import confirm_win
 
 
 def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(monkeypatch):
@@ -25,7 +25,7 @@ def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(mo
 
 
 def test_stalled_blocks_mark_a_measurement_disturbed():
-    from validators.speedup import block_spread, disturbed
+    from validators.steadiness import block_spread, disturbed
     run = result_for(INCUMBENT, CANDIDATE)
     run.a.block_medians, run.b.block_medians = [0.117, 0.117, 0.117, 0.220, 0.190, 0.334], [0.029, 0.030, 0.029]
     assert block_spread(run) == pytest.approx(0.334 / 0.117 - 1) and disturbed(run, 0.011)
@@ -45,7 +45,7 @@ LARGE_CACHED_FILLING = [0.0249, 0.024, 0.0259, 0.024, 0.033, 0.0454, 0.0463, 0.0
 
 def test_a_side_that_slows_block_after_block_is_named_as_drifting_not_stalled():
     from validators.ab_stats import order_correlation
-    from validators.speedup import drift
+    from validators.steadiness import drift
     assert order_correlation(LARGE_CACHED_FILLING) > 0.75 and abs(order_correlation(LARGE_CACHED_BASELINE)) < 0.6
     assert order_correlation(LARGE_CACHED_FILLING[::-1]) < -0.75 and order_correlation([1.0, 1.0, 1.0]) == 0.0
     run = result_for(INCUMBENT, CANDIDATE)

@@ -9,12 +9,13 @@ import os
 import numpy as np
 import pytest
 
+import validators.confirmation as confirmation
 import validators.speedup as speedup
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio
 from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
-                                assert_sides, calibrate_noise_floor, confirm_win, equal_time_steps,
-                                spec_digest)
+                                assert_sides, calibrate_noise_floor, equal_time_steps, spec_digest)
+from validators.confirmation import confirm_win
 from validators.ab_runner import overlap_builds, shared_cpus
 
 BASE_STEP_S = 3e-3
@@ -125,13 +126,15 @@ def result_for(a: WorkerRequest, b: WorkerRequest, verdict: str = "faster", rati
 
 
 def scripted(monkeypatch, *results: ABResult) -> list[tuple]:
-    """Replace the process-level measurement with canned results, recording each call's sides."""
+    """Replace the process-level measurement with canned results (for calibrations and decisions alike),
+    recording each call's sides."""
     calls, queue = [], list(results)
 
     def fake(a, b, *args, **kwargs):
         calls.append((a, b))
         return queue.pop(0)
-    monkeypatch.setattr(speedup, "measure_ab", fake)
+    for module in (speedup, confirmation):
+        monkeypatch.setattr(module, "measure_ab", fake)
     return calls
 
 
@@ -157,8 +160,8 @@ def test_calibration_refuses_a_failed_aa_run(monkeypatch):
 def test_a_win_is_accepted_only_if_fresh_processes_confirm_it(monkeypatch, second, accepted):
     calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE),
                      result_for(INCUMBENT, CANDIDATE, second, 0.99, (0.95, 1.02)))
-    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60)
-    assert confirmation.accepted is accepted and len(confirmation.runs) == 2 and len(calls) == 2
+    confirmed = confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60)
+    assert confirmed.accepted is accepted and len(confirmed.runs) == 2 and len(calls) == 2
 
 
 def test_no_win_means_no_second_measurement_and_swaps_are_caught(monkeypatch):
@@ -181,7 +184,7 @@ def test_pooled_judges_the_block_pairs_of_both_measurements():
     first = timed(INCUMBENT, CANDIDATE, [10.0, 11.0, 10.0, 14.0], [9.0, 10.5, 9.2, 15.0])
     more = timed(INCUMBENT, CANDIDATE, [10.0, 10.2, 10.1, 10.0], [9.3, 9.4, 9.3, 9.2])
     first.a.ready_s, first.a.startup = 13.3, {"start": 4.0, "build": 6.0, "warmup": 3.3}
-    both = speedup.pooled([first, more])
+    both = confirmation.pooled([first, more])
     assert both.pools == 2 and both.blocks == 8 and len(both.order) == 16
     assert both.a.ready_s is None and both.a.startup is None  # two pairs of workers: each measurement keeps its own
     assert both.a.block_medians == first.a.block_medians + more.a.block_medians
@@ -189,17 +192,17 @@ def test_pooled_judges_the_block_pairs_of_both_measurements():
     assert (both.ratio, both.ci_low, both.ci_high, both.verdict) == (
         expected.ratio, expected.ci_low, expected.ci_high, expected.verdict)
     with pytest.raises(SidesMismatch):
-        speedup.pooled([first, timed(INCUMBENT, INCUMBENT, [1.0, 1.0], [1.0, 1.0])])
+        confirmation.pooled([first, timed(INCUMBENT, INCUMBENT, [1.0, 1.0], [1.0, 1.0])])
 
 
 def test_a_measurement_that_leans_faster_is_extended_once(monkeypatch):
     leaning = timed(INCUMBENT, CANDIDATE, [10.0, 13.0, 10.0, 12.5], [9.1, 12.6, 9.0, 13.0])
-    assert leaning.verdict == "no-difference" and speedup.leans_faster(leaning)
+    assert leaning.verdict == "no-difference" and confirmation.leans_faster(leaning)
     steady = timed(INCUMBENT, CANDIDATE, [10.0, 10.1, 10.0, 10.1], [9.1, 9.2, 9.1, 9.0])
     calls = scripted(monkeypatch, leaning, steady, leaning, steady)
-    confirmation = confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 5, 60)
-    assert len(calls) == 4 and [r.pools for r in confirmation.runs] == [1, 1, 2, 1, 1, 2]
-    assert confirmation.accepted and "extended once" in confirmation.reason
+    confirmed = confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 5, 60)
+    assert len(calls) == 4 and [r.pools for r in confirmed.runs] == [1, 1, 2, 1, 1, 2]
+    assert confirmed.accepted and "extended once" in confirmed.reason
     # a measurement that says no-difference without leaning, or slower, is not extended
     calls = scripted(monkeypatch, timed(INCUMBENT, CANDIDATE, [10.0, 13.0, 10.0, 12.5], [10.2, 12.6, 10.1, 13.0]))
     assert not confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 5, 60).accepted and len(calls) == 1
@@ -217,9 +220,9 @@ def synthetic_protocol(monkeypatch, truth: float, extend: bool, trials: int = 15
         return timed(a, b, stats.a_medians, stats.b_medians, floor, seed)
     accepted = 0
     with monkeypatch.context() as patched:
-        patched.setattr(speedup, "measure_ab", fake)
+        patched.setattr(confirmation, "measure_ab", fake)
         if not extend:
-            patched.setattr(speedup, "leans_faster", lambda result: False)
+            patched.setattr(confirmation, "leans_faster", lambda result: False)
         for trial in range(trials):
             aa = analyse(*synthetic(50_000 + trial, **quiet), floor=0.0, seed=trial)
             floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])

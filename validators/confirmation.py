@@ -1,0 +1,103 @@
+"""A win's decision: a measurement extended once when it leans faster (its blocks pooled with the extension's),
+and a second measurement in fresh processes that must say ``faster`` too (``validators.speedup``'s "Extended once
+when it leans" and "Confirmation")."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from pydantic import BaseModel
+
+from targets.worker_protocol import WorkerRequest
+from validators.ab_stats import CONFIDENCE, RESAMPLES, bootstrap_ratio_ci, decide, paired_ratio
+from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides, measure_ab
+from validators.steadiness import drift
+
+EXTENSION_SEED = 1000  # the bootstrap seed offset of an extension's own interval
+
+
+class Confirmation(BaseModel):
+    accepted: bool
+    reason: str
+    runs: list[ABResult]
+
+
+def leans_faster(result: ABResult) -> bool:
+    """Inconclusive, but with its point estimate past the floor: more blocks may settle it."""
+    return (result.verdict == "no-difference" and result.ratio is not None
+            and result.ratio < 1.0 - result.floor)
+
+
+def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 0) -> ABResult:
+    """One result from the block pairs of several measurements of the same two specs: each pair ran in the
+    same minute on both sides, so pairs from fresh workers are as good units of the bootstrap as pairs from
+    one pair of workers; the ratio, interval and verdict are drawn from all of them."""
+    first = results[0]
+    if any((r.a.digest, r.b.digest) != (first.a.digest, first.b.digest) for r in results):
+        raise SidesMismatch("pooled measurements must all time the same two specs")
+    a = [m for r in results for m in r.a.block_medians]
+    b = [m for r in results for m in r.b.block_medians]
+    low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
+    sides = {s: getattr(first, s).model_copy(update={"block_medians": m, "ready_s": None, "startup": None,
+                                                     "build_parts": {}})
+             for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
+    ratio = paired_ratio(a, b)
+    return first.model_copy(update=dict(
+        a=sides["a"], b=sides["b"], ratio=ratio, speedup=1.0 / ratio, ci_low=low, ci_high=high,
+        verdict=decide(low, high, first.floor), order=[s for r in results for s in r.order],
+        blocks=sum(r.blocks for r in results), wall_s=sum(r.wall_s for r in results),
+        blocks_s=sum(r.blocks_s for r in results), close_s=sum(r.close_s for r in results),
+        pools=sum(r.pools for r in results), resamples=resamples))
+
+
+def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
+                    steps_per_block: int, timeout_s: float, first: ABResult | None = None, *, seed: int = 0,
+                    cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> list[ABResult]:
+    """A measurement of the candidate against the incumbent, extended once when it ``leans_faster``: the
+    runs made, the pooled one last, whose verdict stands."""
+    def measure(run_seed: int) -> ABResult:
+        result = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=run_seed,
+                            cpus=cpus, block_seconds=block_seconds)
+        assert_sides(result, incumbent, candidate)
+        return result
+    if first is None:
+        first = measure(seed)
+    assert_sides(first, incumbent, candidate)
+    if not leans_faster(first):
+        return [first]
+    more = measure(seed + EXTENSION_SEED)
+    if more.failure is not None:
+        return [first, more]
+    return [first, more, pooled([first, more], first.resamples, seed)]
+
+
+def _said(runs: Sequence[ABResult]) -> str:
+    last = runs[-1]
+    said = f"says {last.verdict}"
+    if last.pools > 1:
+        said += f" over the blocks of {last.pools} measurements (the first leaned faster, ratio {runs[0].ratio:.4f})"
+    return said
+
+
+def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
+                steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
+                seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> Confirmation:
+    """Accept a win only if a second measurement, in fresh processes, also says ``faster`` (each of the two
+    extended once when it leans faster; see ``measure_settled``)."""
+    settle = dict(seed=seed, cpus=cpus, block_seconds=block_seconds)
+    runs = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, first, **settle)
+    if runs[-1].verdict != "faster":
+        return Confirmation(accepted=False, reason=f"the first measurement {_said(runs)}, not faster", runs=runs)
+    settle["seed"] = seed + 1
+    again = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, **settle)
+    last = again[-1]
+    if last.verdict != "faster":
+        return Confirmation(accepted=False, runs=runs + again,
+                            reason=f"the win did not hold in fresh processes: the second measurement {_said(again)} "
+                                   f"(ratio {last.ratio}, interval {last.ci_low}..{last.ci_high})")
+    drifted = next((said for run in runs + again if (said := drift(run))), None)  # said, not judged: see drift
+    return Confirmation(accepted=True, runs=runs + again,
+                        reason=f"faster twice in fresh processes: ratios {runs[-1].ratio:.4f} and {last.ratio:.4f}, "
+                               f"both intervals below 1 - {last.floor:.4f}"
+                               + (" (extended once: it leaned faster)" if len(runs + again) > 2 else "")
+                               + (f"; but {drifted}" if drifted else ""))
