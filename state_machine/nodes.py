@@ -28,7 +28,7 @@ from state_machine.specs import (baseline_request, candidate_config, candidate_k
 from state_machine.steady_profile import expected_step_ms, steadiest_profile
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
                                  RunState, Verdict)
-from state_machine.time_budget import out_of_time
+from state_machine.time_budget import out_of_time, own_s
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
@@ -404,7 +404,8 @@ def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
     ctx.event(state.run_dir, "decide", id=cand.id, accepted=verdict.accepted, stage=verdict.stage,
               reason=verdict.reason, ratio=verdict.ratio)
     updates: dict[str, Any] = {"history": state.history + [record], "current": None, "current_verdict": None,
-                               "current_digest": None, "current_artifacts": {}, "current_numerics_detail": None}
+                               "current_digest": None, "current_artifacts": {}, "current_numerics_detail": None,
+                               "candidate_marks": state.candidate_marks + [own_s(state)]}
     if verdict.accepted:
         updates["incumbent"] = Incumbent(config=candidate_config(state, cand), kernels=candidate_kernels(state, cand),
                                          from_candidate=cand.id,

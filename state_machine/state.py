@@ -220,6 +220,8 @@ class RunState(BaseModel):
                                                                        "measure, ...)")
     node_max_s: dict[str, float] = Field(default_factory=dict, description="the longest single call of each node "
                                                                            "(what --pause-after expects it to take)")
+    candidate_marks: list[float] = Field(default_factory=list, description="the seconds booked to candidates' own "
+                                         "nodes (time_budget.CANDIDATE_NODES) when each candidate was decided, in order")
     spent_usd: float = 0.0
     stop_reason: str | None = None
     final: FinalMeasurement | None = None

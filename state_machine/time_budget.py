@@ -4,7 +4,7 @@
 measurement of baseline against best and the report. A run that only stops proposing once the limit is
 reached overruns it by a candidate and that measurement: `xl` on an H200 (2026-11-30) had used 20.2 of
 its 20 minutes with its 14th candidate still being timed and the final measurement still to come. So a
-new candidate starts only while what it is expected to take (the run's own mean so far) and the final
+new candidate starts only while what it is expected to take (the run's own median so far) and the final
 measurement (sized on the baseline's A/A runs) both fit in what is left. A candidate's cost is its own
 evaluation, plus the profile that follows an accepted one when the run is about to take it: not the one-off
 noise-floor calibrations, which `large-cached` on an H200 (2026-12-03) spread as 23 s over each of its 9
@@ -30,12 +30,24 @@ from validators.speedup import ABResult
 CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
 
 
+def own_s(state: RunState) -> float:
+    """The seconds booked so far to candidates' own nodes."""
+    return sum(state.node_s.get(name, 0.0) for name in CANDIDATE_NODES)
+
+
 def candidate_s(state: RunState) -> float:
-    """The mean wall seconds of a candidate's own evaluation in this run (proposed, checked, validated, timed),
-    0 before the first."""
+    """The median wall seconds of a candidate's own evaluation in this run (proposed, checked, validated, timed),
+    0 before the first; the mean where the run has not marked each candidate's (``RunState.candidate_marks``:
+    batched lanes, a checkpoint from before the marks). One candidate measured again and again (an extension, a
+    confirmation in workers started after it) costs two or three typical ones: in session 29's `large-cached`
+    run #3's 133 s lifted the mean of seven to 65 s where the last four took 39-47 s, and the run stopped with
+    102 s left, enough for the median candidate (47 s) and the final measurement (41 s)."""
     if not state.evaluated:
         return 0.0
-    return sum(state.node_s.get(name, 0.0) for name in CANDIDATE_NODES) / state.evaluated
+    marks = state.candidate_marks
+    if len(marks) == state.evaluated:
+        return statistics.median(after - before for before, after in zip([0.0] + marks[:-1], marks))
+    return own_s(state) / state.evaluated
 
 
 def profile_s(state: RunState) -> float:

@@ -89,6 +89,36 @@ def test_session_27s_run_had_time_for_one_more_candidate(state, tmp_path):
     assert "a candidate takes 56 s" in out_of_time(run.model_copy(update={"elapsed_s": 1035.0 + 18.0}))
 
 
+# Session 29's `large-cached` run on an H200: its seven candidates' own seconds (propose to decide, events.jsonl);
+# #3 was extended and confirmed in workers started after it. It stopped at 17.3 of 19 minutes.
+S29_CANDIDATE_S = (58.4, 90.1, 133.3, 46.5, 39.2, 42.6, 45.4)
+
+
+def test_a_candidate_is_expected_to_take_the_median_candidates_time(state, tmp_path):
+    """The mean, 65 s, stopped session 29's run with 102 s left; the median, 46.5 s, and the final measurement fit
+    there. A run whose candidates were not marked one by one (batched lanes, an older checkpoint) keeps the mean."""
+    marks = [sum(S29_CANDIDATE_S[:i + 1]) for i in range(len(S29_CANDIDATE_S))]
+    run = with_history(state, accepted=5, rejected=2, calibration=S27_CALIBRATION, elapsed_s=1038.0,
+                       node_s={"validate": 279.5, "measure": marks[-1] - 279.5}, candidate_marks=marks,
+                       limits=Limits(max_minutes=19))
+    assert candidate_s(run) == pytest.approx(46.5)
+    assert out_of_time(run) is None
+    unmarked = run.model_copy(update={"candidate_marks": []})
+    assert candidate_s(unmarked) == pytest.approx(sum(S29_CANDIDATE_S) / 7)
+    assert "a candidate takes 65 s here" in out_of_time(unmarked)
+
+
+def test_deciding_a_candidate_marks_its_own_seconds(state):
+    """``decide`` marks what candidates' own nodes have taken so far, so each candidate's time is the difference."""
+    run = with_history(state, accepted=0, rejected=1, node_s={"propose": 0.5, "validate": 30.0, "measure": 12.0,
+                                                               "diagnose": 20.0}, candidate_marks=[10.0])
+    run = run.model_copy(update={"current": candidate(2, patch={"pin_memory": True}),
+                                 "current_verdict": Verdict(accepted=False, stage="measure", reason="r", ratio=0.97)})
+    updates = nodes.decide(run, ctx=type("Ctx", (), {"event": staticmethod(lambda *a, **k: None)})())
+    assert updates["candidate_marks"] == [10.0, 42.5]
+    assert candidate_s(run.model_copy(update=updates)) == pytest.approx((10.0 + 32.5) / 2)
+
+
 def test_no_candidate_starts_that_the_final_measurement_would_push_past_the_limit(state):
     """At 17 of 20 minutes, 70 s a candidate and the 65 s final still fit; at 18 they do not, and the run
     stops there (the xl run went on proposing until 20 minutes and ended past them)."""
