@@ -82,7 +82,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
-from validators.ab_runner import ABRunner, Side, SideFailed, shared_cpus
+from validators.ab_runner import ABRunner, Side, SideFailed, discard, prestart, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
                                  floor_from)
 
@@ -288,15 +288,26 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
                           block_seconds: float = 0.0,
                           on_run: Callable[[ABResult], None] | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
-    floor from the worst run; ``on_run`` sees each run as it ends (progress)."""
+    floor from the worst run; ``on_run`` sees each run as it ends (progress).
+
+    Where builds overlap (a GPU) and memory allows, the later runs' workers start with the first run's
+    (``ab_runner.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29) each
+    A/A run after the first waited 18-28 s for its own workers, twice a calibration."""
+    labels, roots = ("A1", "A2"), (root, root)
+    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=repeats) if repeats > 1 else None
     runs = []
-    for r in range(repeats):
-        run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, "A1", "A2", floor=MIN_FLOOR,
-                         resamples=resamples, seed=seed + r, cpus=cpus, roots=(root, root), block_seconds=block_seconds,
-                         settled_below=MIN_FLOOR / 2)
-        if on_run is not None:
-            on_run(run)
-        if run.failure is not None:
-            raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}", run.failure)
-        runs.append(run)
+    try:
+        for r in range(repeats):
+            run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, *labels, floor=MIN_FLOOR,
+                             resamples=resamples, seed=seed + r, cpus=cpus, roots=roots, block_seconds=block_seconds,
+                             settled_below=MIN_FLOOR / 2)
+            if on_run is not None:
+                on_run(run)
+            if run.failure is not None:
+                raise CalibrationFailed(f"A/A run {r + 1} failed: {run.failure.kind}: {run.failure.message}",
+                                        run.failure)
+            runs.append(run)
+    finally:
+        if key is not None:
+            discard(key)  # what a failed run left unused
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)

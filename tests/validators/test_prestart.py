@@ -220,3 +220,28 @@ def test_a_spare_that_is_not_ready_in_time_is_dropped_without_failing_the_measur
     result = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)
     assert result.failure is None and result.started_ahead and result.wall_s < 30
     assert key not in ab_runner._prestarted and late.proc.poll() is not None  # dropped and killed
+
+
+def test_a_calibrations_later_a_a_runs_time_workers_started_with_the_first(spawns, room, monkeypatch):
+    """On a GPU both A/A pairs start at once: the second run times the spare, held through the first run."""
+    from validators.speedup import calibrate_noise_floor
+    monkeypatch.setattr(ab_runner, "overlap_builds", lambda a, b: True)
+    floor = calibrate_noise_floor(SLOW, blocks=2, steps_per_block=2, timeout_s=60, repeats=2)
+    assert spawns == ["A1", "A2"] * 2  # both pairs at the start, none afresh
+    assert [run.started_ahead for run in floor.runs] == [True, True]
+    assert not ab_runner._prestarted
+
+
+def test_a_calibration_whose_first_run_fails_kills_its_spare(spawns, room, monkeypatch):
+    from validators.speedup import CalibrationFailed, calibrate_noise_floor
+    monkeypatch.setattr(ab_runner, "overlap_builds", lambda a, b: True)
+    crash = OK.model_copy(update={"config": {"behaviour": "crash"}})
+    with pytest.raises(CalibrationFailed):
+        calibrate_noise_floor(crash, blocks=2, steps_per_block=2, timeout_s=60, repeats=2)
+    assert spawns == ["A1", "A2"] * 2 and not ab_runner._prestarted
+
+
+def test_on_a_cpu_a_calibration_starts_each_runs_workers_for_it(spawns, room):
+    from validators.speedup import calibrate_noise_floor
+    floor = calibrate_noise_floor(SLOW, blocks=2, steps_per_block=2, timeout_s=60, repeats=2)
+    assert spawns == ["A1", "A2"] * 2 and [run.started_ahead for run in floor.runs] == [False, False]
