@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
+from validators.machine_pressure import pressure_note
 from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
 from validators.steadiness import block_spread, steadier_of_two
 
@@ -48,7 +49,8 @@ def measured(result: ABResult) -> str:
     line = head + f"; {result.wall_s:.0f} s" + (f", the workers ready after {ready:.0f} s" if ready is not None else "")
     if result.blocks_s:
         line += f", its blocks {result.blocks_s:.0f} s, closing {result.close_s:.0f} s"
-    return line
+    stalls = pressure_note(result.a.block_pressure + result.b.block_pressure)
+    return line + (f"; {stalls}" if stalls else "")
 
 
 def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> None:

@@ -34,6 +34,7 @@ from targets.fork_server import start_python
 from targets.worker_client import (COLLECTIVE_TIMEOUT_ENV, allowed_cpus, ask_for_stacks, descendants, device_env,
                                    exit_reason, kill_tree, scrubbed_env, torchrun)
 from targets.worker_protocol import Failure, FailureKind, WorkerRequest
+from validators.machine_pressure import stall_shares, stall_totals
 
 QUIT_GRACE_S = 10.0
 PRESTART_SWITCH = "SG_OPT_PRESTART"  # "0": every measurement starts its own workers when it begins
@@ -337,6 +338,7 @@ class ABRunner:
         self.held: dict[str, list[int]] = {}  # the stopped processes below each idle side (_hold)
         self.blocks_run = {"a": 0, "b": 0}
         self.drained = {"a": 0, "b": 0}  # untimed steps run before blocks to drain banked input (``run``)
+        self.last_pressure: dict[str, float] | None = None  # the last block's stall shares (machine_pressure)
 
     def __enter__(self) -> "ABRunner":
         self.deadline = time.monotonic() + self.timeout_s
@@ -411,13 +413,16 @@ class ABRunner:
         previous block, as in training. At `large-cached` on an H200 (2026-12-04) a side with two loader workers
         drained 8 steps before each timed block of 6-7: two A/A runs spent 62.9 and 59.4 s in their blocks for
         25.5 and 23.8 s of timed steps."""
-        worker, start = self.workers[side], time.monotonic()
+        worker = self.workers[side]
         self._hold("b" if side == "a" else "a")
         self._release(side)
         drain = self.blocks_run[side] == 0 or not self._holding(side)
+        stalls, start = stall_totals(), time.monotonic()
         worker.send({"cmd": "run", "steps": steps, "drain": drain})
         reply = worker.receive(self.deadline, f"a block of {steps} steps")
-        self.blocks_s += time.monotonic() - start
+        seconds = time.monotonic() - start
+        self.last_pressure = stall_shares(stalls, stall_totals(), seconds)
+        self.blocks_s += seconds
         self.blocks_run[side] += 1
         self.drained[side] += int(reply.get("drained", 0))
         if not reply.get("loss_finite", False):

@@ -38,9 +38,10 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
     a = [m for r in results for m in r.a.block_medians]
     b = [m for r in results for m in r.b.block_medians]
     low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
-    sides = {s: getattr(first, s).model_copy(update={"block_medians": m, "ready_s": None, "startup": None,
-                                                     "build_parts": {}})
-             for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
+    sides = {s: getattr(first, s).model_copy(update={
+        "block_medians": m, "ready_s": None, "startup": None, "build_parts": {}, "memory": {},
+        "block_pressure": [p for r in results for p in getattr(r, s).block_pressure]})
+        for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
     ratio = paired_ratio(a, b)
     return first.model_copy(update=dict(
         a=sides["a"], b=sides["b"], ratio=ratio, speedup=1.0 / ratio, ci_low=low, ci_high=high,

@@ -124,6 +124,11 @@ class SideSummary(BaseModel):
                                              "steps (warmup); ABRunner.startup")
     build_parts: dict[str, float] = Field(default_factory=dict, description="its build split into the parts the "
                                           "session timed, in seconds (targets.protocol.BuildClock)")
+    memory: dict[str, int] = Field(default_factory=dict, description="the worker's footprint in bytes as its ready "
+                                   "line reported it: host_rss (peak), device_peak, device_total")
+    block_pressure: list[dict[str, float] | None] = Field(
+        default_factory=list, description="per timed block, the share of its wall time in which some task waited "
+                                          "for cpu, memory or io (validators.machine_pressure; None: not counted)")
 
 
 class ABResult(BaseModel):
@@ -229,6 +234,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
     floor_value = floor.floor if isinstance(floor, NoiseFloor) else float(floor)
     start, order = time.monotonic(), block_order(blocks)
     times: dict[str, list[list[float]]] = {"a": [], "b": []}
+    pressure: dict[str, list[dict[str, float] | None]] = {"a": [], "b": []}
     sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec, root=root)
              for s, label, spec, root in (("a", label_a, a, roots[0]), ("b", label_b, b, roots[1]))}
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
@@ -249,6 +255,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
             check_at = 2 * half if settled_below is not None and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS else None
             for i, side in enumerate(order):
                 times[side].append(runner.run(side, side_steps[side]))
+                pressure[side].append(runner.last_pressure)
                 if i + 1 == check_at:
                     early = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
                     bound = bias_plus_noise(early.ratio, early.ci_low, early.ci_high)
@@ -262,6 +269,8 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
                 sides[s].build_parts = runner.ready[s].get("build_parts") or {}
+                sides[s].memory = runner.ready[s].get("memory") or {}
+                sides[s].block_pressure = pressure[s]
             common["blocks_s"], closing = runner.blocks_s, time.monotonic()
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure, failed_side=exc.label,

@@ -78,3 +78,23 @@ def test_a_win_measured_while_a_side_drifted_says_so(monkeypatch):
     steady = timed(INCUMBENT, CANDIDATE, [0.110, 0.111, 0.110, 0.109], [0.050, 0.051, 0.050, 0.050])
     scripted(monkeypatch, steady, steady)
     assert "steady state" not in confirm_win(INCUMBENT, CANDIDATE, 0.01, 4, 3, 60).reason
+
+
+def test_a_disturbed_measurement_says_what_the_machine_stalled_on_in_its_blocks():
+    """Session 29's A/A calibration at `large-cached`: both sides slowed together for a few blocks, and nothing in
+    the measurement said why; the blocks' pressure stall shares now go into the repeat's note."""
+    from validators.steadiness import steadier_of_two
+    stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])
+    quiet = {"cpu": 0.01, "memory": 0.0, "io": 0.0}
+    stalled.a.block_pressure = [quiet, quiet, quiet, quiet]
+    stalled.b.block_pressure = [quiet, {"cpu": 0.02, "memory": 0.31, "io": 0.0}, quiet,
+                                {"cpu": 0.02, "memory": 0.27, "io": 0.0}]
+    steady = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
+    runs = [stalled, steady]
+    quoted, _ = steadier_of_two(lambda repeat: runs[repeat])
+    assert quoted.ratio == steady.ratio
+    assert ("block spread 70%, noise floor 0.010; the machine stalled tasks waiting for memory 31% of a block at "
+            "most (2 of 8 blocks over 5%)); it was repeated") in quoted.note
+    runs = [stalled.model_copy(update={"a": stalled.a.model_copy(update={"block_pressure": []}),
+                                       "b": stalled.b.model_copy(update={"block_pressure": []})}), steady]
+    assert "stalled tasks" not in steadier_of_two(lambda repeat: runs[repeat])[0].note  # no counts: no claim
