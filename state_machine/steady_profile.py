@@ -9,6 +9,9 @@ taken once more and the steadier of the two kept; one that stays disturbed says 
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
 from typing import Callable
 
 from profilers.records import DISTURBED_SLOWDOWN, ProfileResult
@@ -19,12 +22,35 @@ PROFILE_TRIES_WHEN_DISTURBED = 2  # profiles in all when the first is disturbed
 
 def expected_step_ms(state: RunState, recalibrations: list[Recalibration]) -> float | None:
     """The incumbent's step as the run has measured it: an A/A calibration on it where there is one (the baseline's,
-    or a recalibration after its candidate), else the baseline's step over the accepted ratios' product."""
+    or a recalibration after its candidate); else its own blocks in the measurement that accepted it; else the
+    baseline's step over the accepted ratios' product.
+
+    A ratio is a comparison, not a clock: in session 29's `large-cached` run #3 was accepted at 0.687 against an
+    incumbent that ran 80-221 ms a block in those measurements, where its calibration had put it at 47.7, so the
+    product said 29.0 ms for a configuration whose own blocks there ran at a median of 63.5 ms (and at 41-93 ms as
+    the next candidate's incumbent). Its profile, at 76.0 ms, was taken as disturbed (x2.62) and taken again."""
     if state.baseline is None:
         return None
     cid = state.incumbent.from_candidate
     on_it = [r.step_ms for r in recalibrations if cid is not None and r.after_candidate == cid]
-    return on_it[-1] if on_it else state.est_step_ms
+    if on_it:
+        return on_it[-1]
+    return _accepted_blocks_ms(state, cid) or state.est_step_ms
+
+
+def _accepted_blocks_ms(state: RunState, cid: int | None) -> float | None:
+    """The median block of candidate `cid`'s own side in the measurement whose ratio accepted it (the last of its
+    ab.json); None where there is none to read (the baseline, batched lanes' records, a file gone)."""
+    verdicts = [e.verdict for e in state.history if e.candidate.id == cid and e.verdict.accepted]
+    path = verdicts[-1].artifacts.get("ab") if verdicts else None
+    if path is None:
+        return None
+    try:
+        last = json.loads(Path(path).read_text(encoding="utf-8"))["runs"][-1]
+        (medians,) = [side["block_medians"] for side in (last["a"], last["b"]) if side["label"] == "candidate"]
+        return 1e3 * statistics.median(medians) if medians else None
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
 
 
 def _expecting(result: ProfileResult, expected_ms: float) -> ProfileResult | None:

@@ -124,3 +124,26 @@ def test_diagnose_profiles_a_disturbed_incumbent_again_and_logs_it(state, ctx, m
     (disturbed,) = [e for e in events if e["event"] == "profile-disturbed"]
     assert disturbed["slowdown"] == pytest.approx(1.790, abs=1e-3) and "profiled again" in disturbed["reason"]
     assert [e["distorted"] for e in events if e["event"] == "diagnose"] == [None]
+
+
+def test_without_a_calibration_the_incumbent_is_expected_at_its_own_blocks_in_the_measurement_that_accepted_it(
+        state, tmp_path):
+    """Session 29's `large-cached` run, after #3: the product of the ratios said 29.0 ms; #3's own blocks in its
+    accepting (pooled) confirmation ran at a median of 63.5 ms, and its profile's unprofiled 76.0 ms is then no
+    disturbance (x1.20, where against the product it was x2.62 and profiled again)."""
+    from state_machine.state import Evaluated, Verdict
+    from tests.state_machine.records import candidate
+    ab = FIXTURES / "h200_large_cached_s29_ab_3.json"
+    accepted = Evaluated(candidate=candidate(3, patch={"embedding_cache_index": "device"}), incumbent_id=2,
+                         verdict=Verdict(accepted=True, stage="measure", reason="r", ratio=0.6873,
+                                         artifacts={"ab": str(ab)}))
+    run = state.model_copy(update={
+        "baseline": Baseline(numerics_file="n.json", step_ms=152.58, noise_floor=0.03, calibration_file="c.json"),
+        "incumbent": Incumbent(from_candidate=3, est_speedup=152.58 / 29.04), "history": [accepted]})
+    assert expected_step_ms(run, []) == pytest.approx(63.49, abs=0.01)
+    assert 76.04 / expected_step_ms(run, []) < DISTURBED_SLOWDOWN
+    assert expected_step_ms(run, [Recalibration(after_candidate=3, step_ms=60.0, noise_floor=0.05,
+                                                calibration_file="a")]) == 60.0  # an A/A on it comes first
+    gone = accepted.model_copy(update={"verdict": accepted.verdict.model_copy(
+        update={"artifacts": {"ab": str(tmp_path / "gone.json")}})})
+    assert expected_step_ms(run.model_copy(update={"history": [gone]}), []) == pytest.approx(29.04)
