@@ -72,3 +72,12 @@ def test_a_device_tensor_digests_as_its_host_copy():
     big = torch.randn(40 << 20, device="cuda")  # 160 MB: three chunks through pinned slots
     small = torch.arange(5, device="cuda")
     assert sequence_digest([big, small]) == sequence_digest([big.cpu(), small.cpu()])
+
+
+def test_sq_norm_sums_squares_chunk_by_chunk_as_accurately_as_float64(monkeypatch):
+    import targets.digest as digest
+    monkeypatch.setattr(digest, "SQ_NORM_CHUNK", 1000)  # many chunks, and a short last one
+    t = torch.randn(257, 33, generator=torch.Generator().manual_seed(0))
+    assert digest.sq_norm(t) == pytest.approx(float(t.double().pow(2).sum()), rel=1e-6)
+    assert digest.sq_norm(t.half()) == pytest.approx(float(t.half().double().pow(2).sum()), rel=1e-6)
+    assert digest.sq_norm(torch.empty(0)) == 0.0

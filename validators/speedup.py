@@ -301,7 +301,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
 
     Where builds overlap (a GPU) and memory allows, the later runs' workers start with the first run's
     (``ab_runner.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29) each
-    A/A run after the first waited 18-28 s for its own workers, twice a calibration."""
+    A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations)."""
     labels, roots = ("A1", "A2"), (root, root)
     key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=repeats) if repeats > 1 else None
     runs = []

@@ -26,7 +26,8 @@ from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.row_ops import TableLayout
 from targets.haste_rec.sizes import HasteRecSize
 from targets.haste_rec.work_model import step_work
-from targets.protocol import BuildClock, PhaseTimer, PhaseWork, sequence_digest
+from targets.digest import sequence_digest, sq_norm
+from targets.protocol import BuildClock, PhaseTimer, PhaseWork
 
 PHASES = ("data", "embed", "encoder", "head", "tail", "loss", "backward", "optimizer")
 PROBE_SAMPLES, PROBE_COLUMNS = 16, 64
@@ -214,7 +215,7 @@ class HasteRecSession:
         groups = {"encoder": list(self.model.encoder.parameters()),
                   "head": list(self.model.output.head_parameters()),
                   "tail": list(self.model.output.tail_parameters()), "embeddings": tables}
-        norms = {name: math.sqrt(sum(float(p.detach().float().pow(2).sum()) for p in ps)) for name, ps in groups.items()}
+        norms = {name: math.sqrt(sum(sq_norm(p) for p in ps)) for name, ps in groups.items()}
         every = [t for ps in groups.values() for t in ps] + [self.model.output.tail_index]
         return {"sha256": sequence_digest(every), "norms": norms}
 

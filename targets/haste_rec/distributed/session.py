@@ -50,6 +50,7 @@ from targets.haste_rec.model import cache_plan_inputs, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.session import HasteRecSession, loader_first
 from targets.haste_rec.sizes import HasteRecSize
+from targets.digest import sq_norm
 from targets.protocol import ConfigError, PhaseTimer
 
 PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail_dist", "tail", "loss", "backward",
@@ -154,9 +155,9 @@ class ShardedSession:
                 tail.float(), tail_targets, weight=self.valid[out.owned_columns].float(), reduction="sum")
             return (head_total + tail_total) / self.batch_size
 
-    def _tail_total(self, sq_norm: float) -> float:
+    def _tail_total(self, local: float) -> float:
         """A squared norm of the tail's parameters or gradients, over all its groups."""
-        return sq_norm if self.tail is None else self.tail.sum_over_ranks(sq_norm)
+        return local if self.tail is None else self.tail.sum_over_ranks(local)
 
     # -- what the worker reads (collective) ----------------------------------------------------
     def grad_norms(self) -> dict[str, float]:
@@ -182,7 +183,7 @@ class ShardedSession:
         out = self.model.output
         groups = {"encoder": list(self.model.encoder.parameters()), "head": list(out.head_parameters()),
                   "tail": list(out.tail_parameters())}
-        sq_norms = {name: sum(float(p.detach().float().pow(2).sum()) for p in ps) for name, ps in groups.items()}
+        sq_norms = {name: sum(sq_norm(p) for p in ps) for name, ps in groups.items()}
         sq_norms["tail"] = self._tail_total(sq_norms["tail"])
         norms = {name: math.sqrt(value) for name, value in sq_norms.items()}
         norms["embeddings"] = math.sqrt(self.embeddings.table_sq_norm())

@@ -24,6 +24,7 @@ from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.embedding_config import EmbeddingConfig
 from targets.haste_rec.embeddings import EmbeddingStore
 from targets.haste_rec.row_ops import TableLayout
+from targets.digest import sq_norm
 from targets.protocol import ConfigError
 
 
@@ -108,7 +109,7 @@ class ShardedEmbeddings(nn.Module):
     def table_sq_norm(self) -> float:
         """Squared norm of all tables' weights, summed over the owners."""
         tables = [] if self.store is None else self.store.current_tables()
-        return sum_over_ranks(sum(float(t.detach().float().pow(2).sum()) for t in tables), self.device)
+        return sum_over_ranks(sum(sq_norm(t) for t in tables), self.device)
 
     def counters(self) -> dict[str, float]:
         """This rank's store counters (cache traffic of its rows) and the bytes its forward all-to-alls
