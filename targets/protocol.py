@@ -281,6 +281,10 @@ class Target:
     # session of a torch.distributed job (job: a targets.ranks.RankContext, its process group joined). Every
     # Session method is then collective, and step() returns the global loss. None: the target runs on one rank.
     build_ranked: Callable[..., Session] | None = None
+    # Optional: check_config(config, size), a resolved config's checks that need no build (a ConfigError where it
+    # cannot run at that size on one process with the size's own data, e.g. over a memory budget), so that such a
+    # candidate is rejected before a worker starts. None: the build finds out.
+    check_config: Callable[[Mapping[str, Any], str], None] | None = None
 
     def slot(self, name: str) -> KernelSlot:
         for slot in self.kernel_slots:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from targets.haste_rec.batch import Batch, PackedBatch
-from targets.haste_rec.cache_plan import plan_capacities
+from targets.haste_rec.cache_plan import plan_capacities, plan_uniform
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
 from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
 from targets.haste_rec import build_cache, embedding_rows, row_ops, table_caches
@@ -49,6 +49,37 @@ class _RowGradLookup(torch.autograd.Function):
     def backward(ctx, grad_pooled):
         ctx.sink(ctx.lookup, grad_pooled)
         return None, None, None, None, None, None
+
+
+# -- the HBM budget ------------------------------------------------------------------------------
+def placement_bytes(placement: str, dim: int, table_rows: Sequence[int], cache_rows: Sequence[int],
+                    state_cache_rows: Sequence[int]) -> int:
+    """Device memory a placement needs for rows and Adagrad state (fp32; state one value per row)."""
+    if placement == "device":
+        return sum(table_rows) * (4 * dim + 4)
+    if placement == "cached":
+        return sum(cache_rows) * 4 * dim + sum(state_cache_rows) * 4
+    return 0
+
+
+def least_device_bytes(cfg: EmbeddingConfig, table_rows: Sequence[int], dim: int) -> int:
+    """The least device memory `cfg`'s placement can need over tables of `table_rows`, before the data is read:
+    every cache plan gives each table at least its uniform share (a floor of one row, where the build's floor is a
+    batch's distinct ids, only raises it; ``cache_plan``), so a config over the budget here is over it built."""
+    if cfg.placement != "cached":
+        return placement_bytes(cfg.placement, dim, table_rows, (), ())
+    ones = [1] * len(table_rows)
+    return placement_bytes("cached", dim, table_rows, plan_uniform(table_rows, cfg.cache_fraction, ones),
+                           plan_uniform(table_rows, cfg.opt_state_cache_fraction, ones))
+
+
+def check_budget(cfg: EmbeddingConfig, needed: int, at_least: bool = False) -> None:
+    """ConfigError when `needed` bytes of device memory (`at_least`: at the least) are over the HBM budget."""
+    budget = cfg.hbm_budget_bytes
+    if budget is not None and needed > budget:
+        raise ConfigError(f"embedding placement {cfg.placement} needs {'at least ' if at_least else ''}"
+                          f"{needed / 1e9:.3g} GB of device memory, over the {budget / 1e9:.3g} GB embedding HBM "
+                          f"budget: use placement host, or cached with a smaller embedding_cache_fraction")
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -90,20 +121,12 @@ class EmbeddingStore(nn.Module):
 
     def device_bytes(self) -> int:
         """Device memory the placement needs for rows and Adagrad state (fp32; state one value per row)."""
-        row, rows = 4 * self.dim, sum(self.layout.table_rows)
-        if self.cfg.placement == "device":
-            return rows * (row + 4)
-        if self.cfg.placement == "cached":
-            return sum(self.cache_rows) * row + sum(self.state_cache_rows) * 4
-        return 0
+        return placement_bytes(self.cfg.placement, self.dim, self.layout.table_rows, self.cache_rows,
+                               self.state_cache_rows)
 
     def _check_budget(self) -> None:
         """ConfigError, before any table is built, when the placement does not fit the HBM budget."""
-        budget = self.cfg.hbm_budget_bytes
-        if budget is not None and self.device_bytes() > budget:
-            raise ConfigError(f"embedding placement {self.cfg.placement} needs {self.device_bytes() / 1e9:.3g} GB of "
-                              f"device memory, over the {budget / 1e9:.3g} GB embedding HBM budget: use placement "
-                              f"host, or cached with a smaller embedding_cache_fraction")
+        check_budget(self.cfg, self.device_bytes())
 
     def _build(self, init: torch.Tensor) -> _Rows:
         if self.cfg.placement == "device":

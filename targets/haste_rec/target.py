@@ -10,7 +10,7 @@ import torch
 from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
 from targets.haste_rec.host_threads import apply_host_threads
 from targets.haste_rec.knobs import KNOB_SPACE
-from targets.haste_rec.model import synthetic_data
+from targets.haste_rec.model import check_config, synthetic_data
 from targets.haste_rec.session import PHASES, HasteRecSession
 from targets.haste_rec.sizes import SIZES, HasteRecSize, get_size
 from targets.haste_rec.tail_slots import TAIL_SLOTS
@@ -69,6 +69,7 @@ TARGET = Target(
     sizes=tuple(SIZES),
     build=build,
     build_ranked=build_ranked,
+    check_config=check_config,
     kernel_slots=TAIL_SLOTS + EMBEDDING_SLOTS,
     phases=PHASES,
     default_size="small",

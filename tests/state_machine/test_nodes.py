@@ -35,6 +35,19 @@ def test_check_rejects_bad_patches_with_a_reason(state, ctx, patch, words):
     assert words in verdict.reason
 
 
+def test_check_rejects_a_placement_over_the_hbm_budget_before_any_worker_starts(state, ctx):
+    """At `large-cached` the tables on the device need 13.4 GB against a 3.33 GB budget: known from the size alone.
+    A run on other data, or on several ranks (each holds a share of the tables), leaves it to the build."""
+    cached = state.model_copy(update={"size": "large-cached", "incumbent": state.incumbent.model_copy(update={
+        "config": {"embedding_placement": "host", "embedding_grad_mode": "sparse"}})})
+    device = candidate(patch={"embedding_placement": "device", "embedding_grad_mode": "dense"})
+    verdict = checked(cached, ctx, device)["current_verdict"]
+    assert verdict.stage == "check" and "needs at least 13.4 GB of device memory" in verdict.reason
+    for elsewhere in ({"data": "labels.xc"}, {"ranks": 2}):
+        assert "current_verdict" not in checked(cached.model_copy(update=elsewhere), ctx, device)
+    assert "current_verdict" not in checked(cached, ctx, candidate(patch={"data_workers": 2}))
+
+
 def test_check_parses_string_values_and_sets_the_numerics_class(state, ctx):
     out = checked(state, ctx, candidate(patch={"data_workers": "2", "embedding_grad_mode": "fused"}))
     assert "current_verdict" not in out
