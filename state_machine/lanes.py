@@ -66,15 +66,15 @@ def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: 
     When timing the lanes at once makes the floor more than CONCURRENT_TOLERANCE times wider, a win would
     have to be that much larger to be seen, so candidates are then validated at once but timed one at a
     time (under the lone floor); else they are timed at once too (under the concurrent floor)."""
-    def on(lane: Lane | None) -> NoiseFloor:
+    def on(lane: Lane | None, beside_others: bool = False) -> NoiseFloor:
         lane_spec = spec if lane is None else spec.model_copy(update={"gpus": lane.gpus, "cpus": lane.cpus})
         return calibrate_noise_floor(lane_spec, blocks, block_steps, timeout_s, repeats=state.plan.aa_repeats,
                                      seed=state.seed + (lane.index * 1000 if lane else 0),
-                                     block_seconds=state.plan.block_seconds)
+                                     block_seconds=state.plan.block_seconds, spares=not beside_others)
     if not concurrent(state):
         return on(None), {}
     lanes = lanes_of(state)
-    floors = on_lanes(on, lanes)
+    floors = on_lanes(lambda lane: on(lane, beside_others=True), lanes)
     runs = [run for floor in floors for run in floor.runs]
     together = NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs,
                           rule=floors[0].rule + f", over {len(floors)} lanes timed at once")

@@ -294,16 +294,17 @@ class CalibrationFailed(RuntimeError):
 def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                           repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
                           cpus: Sequence[int] | None = None, root: str | None = None,
-                          block_seconds: float = 0.0,
+                          block_seconds: float = 0.0, spares: bool = True,
                           on_run: Callable[[ABResult], None] | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
     floor from the worst run; ``on_run`` sees each run as it ends (progress).
 
-    Where builds overlap (a GPU) and memory allows, the later runs' workers start with the first run's
-    (``ab_runner.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29) each
-    A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations)."""
+    With ``spares``, where builds overlap (a GPU) and memory allows, the later runs' workers start with the first
+    run's (``ab_runner.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29)
+    each A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations). Calibrations that run
+    beside each other (lanes of --gpus) pass False: a spare would build beside the other lanes' timed blocks."""
     labels, roots = ("A1", "A2"), (root, root)
-    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=repeats) if repeats > 1 else None
+    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=repeats) if spares and repeats > 1 else None
     runs = []
     try:
         for r in range(repeats):

@@ -117,6 +117,7 @@ def test_lanes_time_at_once_only_while_that_keeps_the_noise_floor(tmp_path, monk
 
     def calibrate(spec, *args, **kwargs):
         calls.append(spec.gpus)
+        assert kwargs["spares"] is (len(calls) > 2)  # no spare pair builds beside another lane's timed blocks
         floor = alone if len(calls) > 2 else together  # the two lanes at once first, then one alone
         return NoiseFloor(floor=floor, runs=[ABResult.model_construct(ratio=1.0, ci_low=1 - floor, ci_high=1 + floor)])
 
