@@ -300,7 +300,9 @@ def _profiles(state: RunState, run_dir: Path, notes: list[str]) -> list[tuple[st
             out.append((label, local, ProfileResult.model_validate_json(local.read_text())))
         except (OSError, ValueError):
             notes.append(f"profile {_relative(run_dir, local)} is missing or unreadable")
-    if accepted and len(state.profiles) <= len(accepted):
+    if accepted and accepted[-1].candidate.proposer == "tpe":
+        notes.append("the TPE search does not profile each new incumbent: it reads no findings (nodes.diagnose)")
+    elif accepted and len(state.profiles) <= len(accepted):
         notes.append(f"the best configuration (#{accepted[-1].candidate.id}) was not profiled: the run stopped "
                      "before its next diagnosis")
     return out

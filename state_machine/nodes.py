@@ -147,6 +147,12 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Profile the incumbent (after calibrating the noise floor again on it, when it has become much faster:
     ``_recalibrated``); its ranked findings are what the proposers attack next."""
     updates = _recalibrated(state, ctx)
+    if ctx.policy.tier == "offline" and ctx.policy.search == "tpe" and state.profiles:
+        # TPE reads no findings: past the baseline's profile (the report's first column), profiling each new
+        # incumbent costs the oracle a fresh worker's build and steps for nothing it uses (25-53 s each at
+        # `large-cached`, session 28). Its noise floor is still calibrated again: that judges its candidates.
+        ctx.event(state.run_dir, "diagnose-skipped", reason="the TPE search reads no findings")
+        return updates
     spec = incumbent_request(state, "bench")
     req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
                          fine=state.plan.fine_profile)

@@ -138,3 +138,29 @@ def test_the_offline_tier_asks_tpe_only_when_told(state, ctx):
     assert nodes.propose(state, ctx)["current"].proposer == "tpe"
     rules = RunContext(target=TARGET, policy=ProposerPolicy())
     assert nodes.propose(state, rules)["current"].proposer.startswith("offline:")
+
+
+def test_past_the_baselines_profile_the_tpe_search_profiles_no_incumbent(state, ctx, monkeypatch):
+    """TPE reads no findings: after the baseline's profile a diagnose only calibrates the floor again (when due);
+    the rules' search profiles every new incumbent."""
+    from state_machine.state import Baseline
+    profiled = []
+    monkeypatch.setattr(nodes, "run_profile", lambda req, timeout_s: profiled.append(req) or (_ for _ in ()).throw(
+        RuntimeError("profiled")))
+    accepted = evaluated(state.model_copy(update={"profiles": ["baseline.json"], "baseline": Baseline(
+        numerics_file="n", step_ms=10.0, noise_floor=0.02, calibration_file="c")}), 1, {"pin": False, "workers": 1},
+        "measure", ratio=0.9, accepted=True)
+    assert nodes.diagnose(accepted, ctx) == {} and not profiled
+    with pytest.raises(RuntimeError, match="profiled"):
+        nodes.diagnose(accepted, RunContext(target=TARGET, policy=ProposerPolicy()))
+    first = accepted.model_copy(update={"profiles": []})
+    with pytest.raises(RuntimeError, match="profiled"):
+        nodes.diagnose(first, ctx)  # the baseline's own profile is taken
+
+
+def test_the_report_says_why_a_tpe_runs_incumbent_has_no_profile(state, tmp_path):
+    from sg_opt.summary import _profiles
+    accepted = evaluated(state, 1, {"workers": 1}, "measure", ratio=0.9, accepted=True)
+    notes: list[str] = []
+    assert _profiles(accepted, tmp_path, notes) == []
+    assert notes == ["the TPE search does not profile each new incumbent: it reads no findings (nodes.diagnose)"]
