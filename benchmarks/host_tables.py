@@ -2,9 +2,10 @@
 
 A timing worker of `large-cached` took 11-15 s to build on an H200 (2026-12-04), twice a measurement, and 13.3 GB
 of its tables live on the host (placements host and cached). ``TableLayout.initial_rows`` draws each table on the
-device and copies it into one host tensor, table by table: the copy also takes the first touch of every page of
-the destination. This times that as the trainer does it, then the same with the pages touched first by torch's
-multi-threaded fill, and the parts apart, in fresh buffers each time:
+device and, since session 29, copies it to the host through one reused page-locked buffer (``HostStaging``) and
+torch's threaded host copy; before, it copied straight into the pageable host tensor, through the driver's own
+staging on one thread, which also took the first touch of every page. This times both ways, then the parts apart,
+in fresh buffers each time:
 
     python benchmarks/host_tables.py --size large-cached --device cuda
 """
@@ -40,8 +41,11 @@ def main() -> None:
     rows, dim = sum(size.table_rows), size.embedding_dim
     print(f"{args.size}: {len(size.table_rows)} tables, {rows * dim * 4 / 1e9:.1f} GB on the host, "
           f"{torch.get_num_threads()} threads", flush=True)
-    timed("initial_rows as the trainer draws them",
+    timed("initial_rows as the trainer draws them (staged)",
           lambda: layout.initial_rows(dim, 0.01, 0, device, torch.device("cpu")))
+    if device.type == "cuda":
+        timed("the same, copied straight into pageable memory (the trainer before session 29)",
+              lambda: pageable_rows(layout, dim, device))
     timed("torch.empty alone (no page touched)", lambda: torch.empty(rows, dim))
     timed("torch.empty + zero_ (every page touched, threaded)", lambda: torch.empty(rows, dim).zero_())
     touched = torch.empty(rows, dim).zero_()
@@ -52,24 +56,15 @@ def main() -> None:
         for part in layout.split(touched):
             part.copy_(table[:part.shape[0]])
     timed("copies of every table into mapped pages (no draw)", copy_into_touched)
-    if device.type == "cuda":
-        timed("initial_rows staged through one pinned buffer, the host copy threaded", lambda: staged_rows(layout, dim))
 
 
-def staged_rows(layout: TableLayout, dim: int) -> torch.Tensor:
-    """Tables of ``initial_rows``' shapes, drawn on the device as it draws them (other seeds: only the time is
-    compared), each copied into one reused page-locked buffer (a DMA at bus speed) and from there into the pageable
-    host tensor by torch's threaded copy, which also takes the first touch of its pages on every thread (a pageable
-    destination takes the driver's single-threaded staging instead)."""
-    device = torch.device("cuda")
+def pageable_rows(layout: TableLayout, dim: int, device: torch.device) -> torch.Tensor:
+    """Tables of ``initial_rows``' shapes drawn on the device (other seeds: only the time is compared), each copied
+    straight into the fresh pageable host tensor, as the trainer did before session 29."""
     out = torch.empty(sum(layout.table_rows), dim)
-    staging = torch.empty(max(layout.table_rows), dim, pin_memory=True)
     for t, table in enumerate(layout.split(out)):
         gen = torch.Generator(device=device).manual_seed(t)
-        rows = torch.randn(table.shape, generator=gen, device=device).mul_(0.01)
-        staged = staging[:table.shape[0]]
-        staged.copy_(rows)
-        table.copy_(staged)
+        table.copy_(torch.randn(table.shape, generator=gen, device=device).mul_(0.01))
     return out
 
 

@@ -114,6 +114,36 @@ def pool(ids: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, weights: 
 
 
 # -- one row space for all tables ------------------------------------------------------------------
+STAGING_BYTES = 64 << 20  # page-locked bytes ``HostStaging`` copies through at a time
+
+
+class HostStaging:
+    """Device rows into a fresh pageable host tensor through one reused buffer, page-locked on a GPU.
+
+    A device-to-host copy into pageable memory goes through the driver's own staging and one thread, which also
+    takes the first touch of every destination page: the 13.3 GB of host tables at `large-cached` took 11-15 s of
+    an H200 worker's build (session 28, ``targets.protocol.BuildClock``). Here the DMA lands in page-locked memory
+    at bus speed, and torch's copy into the destination runs on every intra-op thread, first touches included
+    (``benchmarks/host_tables.py`` times both ways). The bytes are the same either way."""
+
+    def __init__(self, device: torch.device, chunk_bytes: int = STAGING_BYTES):
+        self.pin = torch.device(device).type == "cuda"
+        self.chunk_bytes, self.buffer = chunk_bytes, None
+
+    def copy_to_host(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """out[:] = rows (out on the host, of rows' shape and dtype), a chunk of whole rows at a time."""
+        flat_rows, flat_out = rows.reshape(rows.shape[0], -1), out.view(out.shape[0], -1)
+        row_bytes = max(1, flat_rows.shape[1] * flat_rows.element_size())
+        step = max(1, self.chunk_bytes // row_bytes)
+        if self.buffer is None or self.buffer.numel() < step * row_bytes:
+            self.buffer = torch.empty(step * row_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        for start in range(0, rows.shape[0], step):
+            part = flat_rows[start:start + step]
+            staged = self.buffer[:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
+            staged.copy_(part)  # blocking: on the host once it returns
+            flat_out[start:start + part.shape[0]].copy_(staged)
+
+
 @dataclass(frozen=True)
 class TableLayout:
     """Table t holds rows [starts[t], starts[t] + table_rows[t]) of the shared row space."""
@@ -132,16 +162,20 @@ class TableLayout:
 
         On a GPU this takes milliseconds where the host takes seconds (13 GB at size large). On the
         CPU, tables are drawn in parallel threads, each from its own generator, so the result does
-        not depend on the thread count.
+        not depend on the thread count. Drawn on a GPU for the host, each table reaches it through
+        ``copy_to_host``.
         """
         store = device if store is None else store
         out = torch.empty(sum(self.table_rows), dim, device=store)
+        staging = HostStaging(device) if store != device else None
 
         def draw(t: int, table: torch.Tensor) -> None:
             gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + t) % 2**63)
-            rows = table if store == device else torch.empty(table.shape, device=device)
+            rows = table if staging is None else torch.empty(table.shape, device=device)
             torch.randn(table.shape, generator=gen, out=rows, device=device)
-            table.copy_(rows.mul_(std))
+            rows.mul_(std)
+            if staging is not None:
+                staging.copy_to_host(rows, table)
 
         tables = self.split(out)
         threads = 1 if device.type != "cpu" else max(1, min(len(tables), cpu_count()))
