@@ -106,6 +106,14 @@ def test_a_candidate_is_expected_to_take_the_median_candidates_time(state, tmp_p
     unmarked = run.model_copy(update={"candidate_marks": []})
     assert candidate_s(unmarked) == pytest.approx(sum(S29_CANDIDATE_S) / 7)
     assert "a candidate takes 65 s here" in out_of_time(unmarked)
+    # four more turned away at the check (0.01 s each, as the oracle's samples over the HBM budget now are) do not
+    # pull the estimate down: the next candidate may go through
+    turned_away = [Evaluated(candidate=candidate(8 + i, patch={"pin_memory": True}), incumbent_id=None,
+                             verdict=Verdict(accepted=False, stage="check", reason="over the budget"))
+                   for i in range(4)]
+    more = run.model_copy(update={"history": run.history + turned_away,
+                                  "candidate_marks": marks + [marks[-1] + 0.01 * (i + 1) for i in range(4)]})
+    assert candidate_s(more) == pytest.approx(46.5)
 
 
 def test_deciding_a_candidate_marks_its_own_seconds(state):
