@@ -32,7 +32,7 @@ from state_machine.time_budget import out_of_time, own_s
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.ab_runner import PrestartKey, discard, prestart, prestart_key
+from validators.ab_runner import PrestartKey, discard, note_footprint, prestart, prestart_key
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
@@ -95,6 +95,7 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
         probe = run_worker(baseline_request(state, "bench", steps=PROBE_STEPS), timeout_s=plan.timeout_s)
         if not probe.ok:
             return {"stop_reason": f"error: the baseline failed to run ({_failure_text(probe)})"}
+        note_footprint(probe.memory)  # a timing worker's: the first calibration's spare pair may start
         step_s = statistics.median(probe.bench.step_s)
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
             plan.block_seconds / max(step_s, 1e-6))))})

@@ -14,6 +14,7 @@ import importlib.util
 import math
 import os
 import platform
+import resource
 import sys
 import time
 import traceback
@@ -272,6 +273,16 @@ def measure(req: WorkerRequest, device: torch.device, result: WorkerResult, job:
         result.quality = run_quality(session, req)
 
 
+def footprint(device: torch.device) -> dict[str, int]:
+    """This worker's memory: its peak resident host memory, and on a GPU the device memory its allocator has held
+    at most and the device's total (what ``validators.ab_runner.pairs_that_fit`` reads)."""
+    memory = {"host_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # KiB on Linux
+    if device.type == "cuda":
+        memory |= {"device_peak": torch.cuda.max_memory_reserved(device),
+                   "device_total": torch.cuda.get_device_properties(device).total_memory}
+    return memory
+
+
 def execute(req: WorkerRequest) -> WorkerResult:
     """Run the request; every failure the workload raises becomes a structured result."""
     start = time.perf_counter()
@@ -279,7 +290,9 @@ def execute(req: WorkerRequest) -> WorkerResult:
     try:
         if req.ranks > 1:
             raise ConfigError(f"ranks {req.ranks} run under torchrun (targets.rank_worker), not in this worker")
-        measure(req, open_device(req), result)
+        device = open_device(req)
+        measure(req, device, result)
+        result.memory = footprint(device)
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
         result.failure = failure_of(exc)

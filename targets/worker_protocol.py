@@ -110,6 +110,8 @@ class RunResult(BaseModel):
 class WorkerResult(RunResult):
     version: int = WORKER_SCHEMA_VERSION
     mode: Mode
+    memory: dict[str, int] = Field(default_factory=dict, description="the worker's footprint in bytes when it was "
+                                   "done (targets.worker.footprint): host_rss (peak), device_peak, device_total")
     bench: BenchData | None = None
     numerics: NumericsData | None = None
     quality: QualityData | None = None

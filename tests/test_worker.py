@@ -20,6 +20,7 @@ def test_ok_bench_returns_step_times():
     assert result.ok, result.failure
     assert len(result.bench.step_s) == 5 and all(t > 0 for t in result.bench.step_s)
     assert result.bench.phase_s["step"] > 0
+    assert result.memory["host_rss"] > 1 << 20  # its footprint, for the agent's fit of spare timing workers
 
 
 @pytest.mark.parametrize("behaviour,kind,words", [

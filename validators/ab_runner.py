@@ -157,7 +157,13 @@ _largest: dict[str, int] = {}  # the most memory any timing worker of this proce
 
 def _note_memory(ready: dict[str, Any]) -> None:
     """Remember the largest host and device footprints the workers' ready lines report (``validators.ab_worker``)."""
-    for name, value in (ready.get("memory") or {}).items():
+    note_footprint(ready.get("memory") or {})
+
+
+def note_footprint(memory: dict[str, Any]) -> None:
+    """Remember a worker's footprint (``targets.worker.footprint``) where it exceeds the largest seen: the agent
+    notes its baseline's own runs, so that the first calibration may start its spare pair (``pairs_that_fit``)."""
+    for name, value in memory.items():
         if isinstance(value, (int, float)):
             _largest[name] = max(_largest.get(name, 0), int(value))
 

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import sys
 import time
 import traceback
@@ -43,8 +42,8 @@ import torch.distributed as dist
 from targets.protocol import ConfigError, Session
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
-from targets.worker import (answer_stack_requests, banked_steps, build_session as build_target_session, open_device,
-                            sync_device, time_steps)
+from targets.worker import (answer_stack_requests, banked_steps, build_session as build_target_session, footprint,
+                            open_device, sync_device, time_steps)
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
@@ -142,16 +141,6 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
             block = ranks.slowest(block)
         if lead:
             reply(out, block)
-
-
-def footprint(device: torch.device) -> dict[str, int]:
-    """This worker's memory once warm: its peak resident host memory, and on a GPU the device memory its allocator
-    has held at most and the device's total (what ``ab_runner.pairs_that_fit`` reads)."""
-    memory = {"host_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # KiB on Linux
-    if device.type == "cuda":
-        memory |= {"device_peak": torch.cuda.max_memory_reserved(device),
-                   "device_total": torch.cuda.get_device_properties(device).total_memory}
-    return memory
 
 
 def reply(out: IO[str], message: dict[str, Any]) -> None:

@@ -245,3 +245,16 @@ def test_on_a_cpu_a_calibration_starts_each_runs_workers_for_it(spawns, room):
     from validators.speedup import calibrate_noise_floor
     floor = calibrate_noise_floor(SLOW, blocks=2, steps_per_block=2, timeout_s=60, repeats=2)
     assert spawns == ["A1", "A2"] * 2 and [run.started_ahead for run in floor.runs] == [False, False]
+
+
+def test_the_baselines_own_timing_run_lets_the_first_calibration_start_its_spare(monkeypatch):
+    """Before any timing worker has reported, one pair; the baseline's short timing run reports its footprint in its
+    result, and the agent notes it (``nodes.baseline``), so the baseline's calibration may start two."""
+    from targets.worker_client import run_worker
+    monkeypatch.setattr(ab_runner, "_largest", {})
+    monkeypatch.setattr(ab_runner, "_memory_available", lambda: 1 << 40)
+    assert ab_runner.pairs_that_fit(2) == 1
+    probe = run_worker(SLOW.model_copy(update={"steps": 2}), timeout_s=60)
+    assert probe.ok, probe.failure
+    ab_runner.note_footprint(probe.memory)
+    assert ab_runner.pairs_that_fit(2) == 2
