@@ -9,7 +9,8 @@ with 13.6 ms of host work in a 15.3 ms profiled step and 8.7 ms of tail on the d
 and two loader workers 0.968; before the step lost a device sync (about 25 ms, device-bound) each had been
 a win alone (0.68-0.78 and 0.73-0.77), and runs holding both reached 8.8-10.3 ms. Such a pair's rejection
 does not rule out its parts. The same reasoning on any device: once at least three changes have leaned faster
-without clearing the noise floor, all of them are proposed as one (``_bundle_proposals``).
+without clearing the noise floor, all of them are proposed as one (``_bundle_proposals``), and two that no pair
+joins when together they would clear it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace, leaned: list[E
                                      f"both at once")
 
 
+def _same_side_pair(state: RunState, space: KnobSpace, parts: list[Evaluated]) -> bool:
+    """Two leaning changes that no host-and-device pair joins (both on one side of a GPU step, or any two on a CPU),
+    whose product clears the noise floor in force: a sum a floor would not hide. Session 29's `large-cached` run
+    ended with pinned memory (0.876) and packed batches (0.925), both on the host side, leaning under a 7.7%
+    floor: together 0.810, never tried."""
+    if len(parts) != 2 or state.baseline is None:
+        return False
+    sides = {side(space, e.candidate.patch) for e in parts}
+    joined_elsewhere = state.device_kind == "cuda" and sides == {"host", "device"}
+    return not joined_elsewhere and math.prod(e.verdict.ratio for e in parts) < 1.0 - state.noise_floor
+
+
 def _bundle_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]) -> Iterator[Proposal]:
     """Every leaning rejection at once, when there are at least BUNDLE_MIN: each of them measured no difference
     alone, but a noise floor hides a small gain, not a sum of them (at large-cached on an H200, 2026-12-03, the
@@ -93,7 +106,7 @@ def _bundle_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]
             continue
         patch.update(change)
         parts.append(e)
-    if len(parts) < BUNDLE_MIN:
+    if len(parts) < BUNDLE_MIN and not _same_side_pair(state, space, parts):
         return
     gain = 1.0 / math.prod(e.verdict.ratio for e in parts)
     leaned = ", ".join(f"#{e.candidate.id} ({e.candidate.change()}) {e.verdict.ratio:.3f}" for e in parts)

@@ -64,7 +64,8 @@ def test_the_changes_that_leaned_faster_come_together_as_one(state, ctx):
     """On session 22's `large-cached` run after #12: the overlap (0.926), packed batches (0.954) and TF32 tail
     products (0.956) each leaned faster under a 4.7% floor; 3xTF32 (0.995) sets the same knob as TF32 and leaned
     less, and the host-and-device pair (#11) is not a change of its own. They come as one candidate, expected
-    x1.18, whose rejection rules none of them out; with two leaning changes there is no bundle."""
+    x1.18, whose rejection rules none of them out; with two leaning changes no bundle of three (two join only when
+    their product clears the floor in force, which this replay does not hold: see the session-29 test below)."""
     at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
                   S22_LARGE_CACHED_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
@@ -85,7 +86,8 @@ def test_the_changes_that_leaned_faster_come_together_as_one(state, ctx):
 
 
 def test_a_leaning_change_the_incumbent_took_since_stays_out_of_the_bundle(state, ctx):
-    """Packed batches, accepted on a later try, are the incumbent's: the bundle of the rest has two changes, too few."""
+    """Packed batches, accepted on a later try, are the incumbent's: the bundle of the rest has two changes, too few
+    for a bundle of three (and this replay holds no noise floor to join two under)."""
     at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
                   S22_LARGE_CACHED_HISTORY)
     taken = at.model_copy(update={"incumbent": at.incumbent.model_copy(
@@ -104,3 +106,42 @@ def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, c
     assert proposals[0].patch == {"pin_memory": True} and proposals[0].rationale.startswith(
         "tried again: candidate #8 measured 0.918 (rejected: as in that run) before #9 (pack_batches=True)")
     assert all(p.proposer != "offline:host-and-device" for p in proposals)
+
+
+S29_LARGE_CACHED_HISTORY = [  # session 29's `large-cached` run (docs/results/2026-12-04-h200-large-cached-s29/)
+    (1, {"tail_backend": "triton-fused-loss"}, True, 0.662),
+    (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.418),
+    (3, {"embedding_cache_index": "device"}, True, 0.687), (4, {"data_workers": 2}, True, 0.410)]
+
+
+def test_two_leaning_changes_on_one_side_come_together_when_their_product_clears_the_floor(state, ctx):
+    """Session 29's run after #7: the overlap (#5) accepted, then pinned memory (0.876) and packed batches (0.925),
+    both on the host side, leaned faster under the 7.7% floor calibrated after #4. No host-and-device pair joins
+    them; together, 0.810, they would clear it: they come as one candidate, first. Under a floor their product
+    does not clear, or one of them alone, no bundle."""
+    from state_machine.state import Baseline, Recalibration
+    at = replayed(state, ctx, "h200_large_cached_s29_after_4.json", "large-cached", LARGE_CACHED_BASE,
+                  S29_LARGE_CACHED_HISTORY)
+    later = [(5, {"embedding_cache_overlap": True}, True, 0.821), (6, {"pin_memory": True}, False, 0.876),
+             (7, {"pack_batches": True}, False, 0.925)]
+    history = list(at.history)
+    config = dict(at.incumbent.config)
+    for cid, patch, accepted, ratio in later:
+        history.append(Evaluated(candidate=candidate(cid, patch=patch), incumbent_id=4 if cid == 5 else 5,
+                                 config={**config, **patch}, verdict=Verdict(
+                                     accepted=accepted, stage="measure", reason="as in that run", ratio=ratio)))
+        if accepted:
+            config = {**config, **patch}
+    floor = Recalibration(after_candidate=4, step_ms=32.94, noise_floor=0.0772, calibration_file="c")
+    s29 = at.model_copy(update={
+        "history": history, "incumbent": at.incumbent.model_copy(update={"config": config, "from_candidate": 5}),
+        "baseline": Baseline(numerics_file="n", step_ms=152.58, noise_floor=0.0301, calibration_file="c"),
+        "recalibrations": [floor]})
+    proposals = propose_offline(s29, ctx, limit=200)
+    assert proposals[0].proposer == "offline:leaning-bundle"
+    assert proposals[0].patch == {"pin_memory": True, "pack_batches": True}
+    assert proposals[0].expected_gain == pytest.approx(1 / (0.876 * 0.925))
+    looser = s29.model_copy(update={"recalibrations": [floor.model_copy(update={"noise_floor": 0.2})]})
+    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(looser, ctx, limit=200))
+    one = s29.model_copy(update={"history": history[:-1]})
+    assert not any(p.proposer == "offline:leaning-bundle" for p in propose_offline(one, ctx, limit=200))
