@@ -78,7 +78,7 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace, leaned: list[E
                                      f"both at once")
 
 
-def _same_side_pair(state: RunState, space: KnobSpace, parts: list[Evaluated]) -> bool:
+def _two_unpaired_clear_the_floor(state: RunState, space: KnobSpace, parts: list[Evaluated]) -> bool:
     """Two leaning changes that no host-and-device pair joins (both on one side of a GPU step, or any two on a CPU),
     whose product clears the noise floor in force: a sum a floor would not hide. Session 29's `large-cached` run
     ended with pinned memory (0.876) and packed batches (0.925), both on the host side, leaning under a 7.7%
@@ -106,7 +106,7 @@ def _bundle_proposals(state: RunState, space: KnobSpace, leaned: list[Evaluated]
             continue
         patch.update(change)
         parts.append(e)
-    if len(parts) < BUNDLE_MIN and not _same_side_pair(state, space, parts):
+    if len(parts) < BUNDLE_MIN and not _two_unpaired_clear_the_floor(state, space, parts):
         return
     gain = 1.0 / math.prod(e.verdict.ratio for e in parts)
     leaned = ", ".join(f"#{e.candidate.id} ({e.candidate.change()}) {e.verdict.ratio:.3f}" for e in parts)
