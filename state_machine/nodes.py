@@ -389,7 +389,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
-                  ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high,
+                  ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high, step_ms=last.step_ms("b"),
                   artifacts={**state.current_artifacts, "ab": path})
     if last.failure is not None and last.failed_side == last.a.label:  # side a is the incumbent
         ctx.event(state.run_dir, "incumbent-failed", id=cand.id, kind=last.failure.kind, reason=last.failure.message)

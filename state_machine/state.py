@@ -108,6 +108,8 @@ class Verdict(BaseModel):
     numerics_class: str | None = None
     numerics_detail: str | None = None
     ratio: float | None = Field(None, description="candidate time / incumbent time, side by side (below 1 faster)")
+    step_ms: float | None = Field(None, description="the candidate's own step in that measurement: the median of its "
+                                                    "block medians, in ms")
     ci_low: float | None = None
     ci_high: float | None = None
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> file in the run directory")

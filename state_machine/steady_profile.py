@@ -9,9 +9,6 @@ taken once more and the steadier of the two kept; one that stays disturbed says 
 
 from __future__ import annotations
 
-import json
-import statistics
-from pathlib import Path
 from typing import Callable
 
 from profilers.records import DISTURBED_SLOWDOWN, ProfileResult
@@ -39,18 +36,10 @@ def expected_step_ms(state: RunState, recalibrations: list[Recalibration]) -> fl
 
 
 def _accepted_blocks_ms(state: RunState, cid: int | None) -> float | None:
-    """The median block of candidate `cid`'s own side in the measurement whose ratio accepted it (the last of its
-    ab.json); None where there is none to read (the baseline, batched lanes' records, a file gone)."""
+    """Candidate `cid`'s own step in the measurement whose ratio accepted it (``Verdict.step_ms``); None where none
+    was recorded (the baseline, a checkpoint from before the field)."""
     verdicts = [e.verdict for e in state.history if e.candidate.id == cid and e.verdict.accepted]
-    path = verdicts[-1].artifacts.get("ab") if verdicts else None
-    if path is None:
-        return None
-    try:
-        last = json.loads(Path(path).read_text(encoding="utf-8"))["runs"][-1]
-        (medians,) = [side["block_medians"] for side in (last["a"], last["b"]) if side["label"] == "candidate"]
-        return 1e3 * statistics.median(medians) if medians else None
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None
+    return verdicts[-1].step_ms if verdicts else None
 
 
 def _expecting(result: ProfileResult, expected_ms: float) -> ProfileResult | None:

@@ -165,6 +165,11 @@ class ABResult(BaseModel):
                                                "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
                                                "than asked (measure_ab's settled_below)")
 
+    def step_ms(self, side: Side) -> float | None:
+        """A side's step time in this measurement: the median of its block medians, in ms (None: no blocks)."""
+        medians = getattr(self, side).block_medians
+        return 1e3 * float(np.median(medians)) if medians else None
+
     @property
     def medians_s(self) -> float:
         """Seconds of its timed blocks as their medians tell them (each block's median step times its steps, both

@@ -127,16 +127,18 @@ def test_diagnose_profiles_a_disturbed_incumbent_again_and_logs_it(state, ctx, m
 
 
 def test_without_a_calibration_the_incumbent_is_expected_at_its_own_blocks_in_the_measurement_that_accepted_it(
-        state, tmp_path):
+        state):
     """Session 29's `large-cached` run, after #3: the product of the ratios said 29.0 ms; #3's own blocks in its
     accepting (pooled) confirmation ran at a median of 63.5 ms, and its profile's unprofiled 76.0 ms is then no
     disturbance (x1.20, where against the product it was x2.62 and profiled again)."""
     from state_machine.state import Evaluated, Verdict
     from tests.state_machine.records import candidate
-    ab = FIXTURES / "h200_large_cached_s29_ab_3.json"
+    from validators.speedup import ABResult, SideSummary
+    last = json.loads((FIXTURES / "h200_large_cached_s29_ab_3.json").read_text())["runs"][-1]
+    accepting = ABResult.model_construct(**{side: SideSummary.model_construct(**last[side]) for side in "ab"})
     accepted = Evaluated(candidate=candidate(3, patch={"embedding_cache_index": "device"}), incumbent_id=2,
                          verdict=Verdict(accepted=True, stage="measure", reason="r", ratio=0.6873,
-                                         artifacts={"ab": str(ab)}))
+                                         step_ms=accepting.step_ms("b")))  # as the measure node records it
     run = state.model_copy(update={
         "baseline": Baseline(numerics_file="n.json", step_ms=152.58, noise_floor=0.03, calibration_file="c.json"),
         "incumbent": Incumbent(from_candidate=3, est_speedup=152.58 / 29.04), "history": [accepted]})
@@ -144,6 +146,5 @@ def test_without_a_calibration_the_incumbent_is_expected_at_its_own_blocks_in_th
     assert 76.04 / expected_step_ms(run, []) < DISTURBED_SLOWDOWN
     assert expected_step_ms(run, [Recalibration(after_candidate=3, step_ms=60.0, noise_floor=0.05,
                                                 calibration_file="a")]) == 60.0  # an A/A on it comes first
-    gone = accepted.model_copy(update={"verdict": accepted.verdict.model_copy(
-        update={"artifacts": {"ab": str(tmp_path / "gone.json")}})})
-    assert expected_step_ms(run.model_copy(update={"history": [gone]}), []) == pytest.approx(29.04)
+    unrecorded = accepted.model_copy(update={"verdict": accepted.verdict.model_copy(update={"step_ms": None})})
+    assert expected_step_ms(run.model_copy(update={"history": [unrecorded]}), []) == pytest.approx(29.04)
