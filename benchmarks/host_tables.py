@@ -2,7 +2,7 @@
 
 A timing worker of `large-cached` took 11-15 s to build on an H200 (2026-12-04), twice a measurement, and 13.3 GB
 of its tables live on the host (placements host and cached). ``TableLayout.initial_rows`` draws each table on the
-device and, since session 29, copies it to the host through one reused page-locked buffer (``HostStaging``) and
+device and, since session 29, copies it to the host through one reused page-locked buffer (``row_ops.copy_to_host``) and
 torch's threaded host copy; before, it copied straight into the pageable host tensor, through the driver's own
 staging on one thread, which also took the first touch of every page. This times both ways, then the parts apart,
 in fresh buffers each time:

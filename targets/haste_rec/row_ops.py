@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from targets.haste_rec.batch import Batch, PackedBatch
+from targets.digest import HostRing
 from targets.haste_rec.embedding_config import CPU
 from targets.worker_client import cpu_count
 
@@ -114,11 +115,11 @@ def pool(ids: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, weights: 
 
 
 # -- one row space for all tables ------------------------------------------------------------------
-STAGING_BYTES = 64 << 20  # page-locked bytes ``HostStaging`` copies through at a time
+STAGING_BYTES = 64 << 20  # page-locked bytes a table drawn on a GPU crosses to the host at a time
 
 
-class HostStaging:
-    """Device rows into a fresh pageable host tensor through one reused buffer, page-locked on a GPU.
+def copy_to_host(rows: torch.Tensor, out: torch.Tensor, ring: HostRing) -> None:
+    """out[:] = rows (out a contiguous host tensor of rows' shape and dtype), through `ring`'s page-locked buffer.
 
     A device-to-host copy into pageable memory goes through the driver's own staging and one thread, which also
     takes the first touch of every destination page: the 13.3 GB of host tables at `large-cached` took 11-15 s of
@@ -126,23 +127,11 @@ class HostStaging:
     at bus speed, and torch's copy into the destination runs on every intra-op thread, first touches included:
     13.3 GB in 2.49 s on an H200 where the pageable copy took 10.66 s (``benchmarks/host_tables.py``, session 29).
     The bytes are the same either way."""
-
-    def __init__(self, device: torch.device, chunk_bytes: int = STAGING_BYTES):
-        self.pin = torch.device(device).type == "cuda"
-        self.chunk_bytes, self.buffer = chunk_bytes, None
-
-    def copy_to_host(self, rows: torch.Tensor, out: torch.Tensor) -> None:
-        """out[:] = rows (out on the host, of rows' shape and dtype), a chunk of whole rows at a time."""
-        flat_rows, flat_out = rows.reshape(rows.shape[0], -1), out.view(out.shape[0], -1)
-        row_bytes = max(1, flat_rows.shape[1] * flat_rows.element_size())
-        step = max(1, self.chunk_bytes // row_bytes)
-        if self.buffer is None or self.buffer.numel() < step * row_bytes:
-            self.buffer = torch.empty(step * row_bytes, dtype=torch.uint8, pin_memory=self.pin)
-        for start in range(0, rows.shape[0], step):
-            part = flat_rows[start:start + step]
-            staged = self.buffer[:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
-            staged.copy_(part)  # blocking: on the host once it returns
-            flat_out[start:start + part.shape[0]].copy_(staged)
+    source = rows.contiguous().reshape(-1).view(torch.uint8)
+    target = out.view(-1).view(torch.uint8)  # a view: a reshape of a strided tensor would copy it
+    for index, start in enumerate(range(0, source.numel(), ring.chunk_bytes)):
+        chunk = source[start:start + ring.chunk_bytes]
+        target[start:start + chunk.numel()].copy_(ring.on_host(chunk, index))
 
 
 @dataclass(frozen=True)
@@ -168,7 +157,7 @@ class TableLayout:
         """
         store = device if store is None else store
         out = torch.empty(sum(self.table_rows), dim, device=store)
-        staging = HostStaging(device) if store != device else None
+        staging = HostRing(slots=1, chunk_bytes=STAGING_BYTES) if store != device else None
 
         def draw(t: int, table: torch.Tensor) -> None:
             gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + t) % 2**63)
@@ -176,7 +165,7 @@ class TableLayout:
             torch.randn(table.shape, generator=gen, out=rows, device=device)
             rows.mul_(std)
             if staging is not None:
-                staging.copy_to_host(rows, table)
+                copy_to_host(rows, table, staging)
 
         tables = self.split(out)
         threads = 1 if device.type != "cpu" else max(1, min(len(tables), cpu_count()))
