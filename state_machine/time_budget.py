@@ -38,10 +38,11 @@ def own_s(state: RunState) -> float:
 def candidate_s(state: RunState) -> float:
     """The median wall seconds of a candidate's own evaluation in this run (proposed, checked, validated, timed),
     0 before the first; of those past the check node where there are any; the mean where the run has not marked
-    each candidate's (``RunState.candidate_marks``: batched lanes, a checkpoint from before the marks). One candidate measured again and again (an extension, a
-    confirmation in workers started after it) costs two or three typical ones: in session 29's `large-cached`
-    run #3's 133 s lifted the mean of seven to 65 s where the last four took 39-47 s, and the run stopped with
-    102 s left, enough for the median candidate (47 s) and the final measurement (41 s)."""
+    each candidate's (``RunState.candidate_marks``: batched lanes, a checkpoint from before the marks). One
+    candidate measured again and again (an extension, a confirmation in workers started after it) costs two or
+    three typical ones: in session 29's `large-cached` run #3's 133 s lifted the mean of seven to 65 s where the
+    last four took 39-47 s, and the run stopped with 102 s left, enough for the median candidate (46.5 s) and the
+    final measurement (41 s)."""
     if not state.evaluated:
         return 0.0
     marks = state.candidate_marks

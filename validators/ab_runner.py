@@ -122,7 +122,7 @@ class _Worker:
         """The worker's ready line, once it has built and warmed up; its memory footprint is remembered
         (``pairs_that_fit``)."""
         ready = self.receive(deadline, "ready line")
-        _note_memory(ready)
+        note_footprint(ready.get("memory") or {})
         return ready
 
     def close(self, graceful: bool) -> None:
@@ -153,11 +153,6 @@ MEMORY_MARGIN = 1.25  # a candidate's worker may need this much more memory than
 SPARE_WAIT_S = 60.0  # how long a measurement waits for a spare pair after its own workers are ready
 
 _largest: dict[str, int] = {}  # the most memory any timing worker of this process reported (``_Worker.ready_line``)
-
-
-def _note_memory(ready: dict[str, Any]) -> None:
-    """Remember the largest host and device footprints the workers' ready lines report (``validators.ab_worker``)."""
-    note_footprint(ready.get("memory") or {})
 
 
 def note_footprint(memory: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """How long the machine made tasks wait during each timed block: the kernel's pressure stall information (PSI).
 
 In session 29's `large-cached` run on an H200 both sides of an A/A calibration slowed together for a few blocks
-(47 -> 108-152 ms, then back), and a measurement's incumbent ran 80-220 ms a block where its calibration had
-put it at 48: something outside the two workers held the machine, and the measurement files could not say what.
+(from about 47 to 68-152 ms, then back), and a measurement's incumbent ran 79-221 ms a block where its
+calibration had put it at 47.7: something outside the two workers held the machine, and the measurement files could not say what.
 Linux counts, per resource, the time in which at least one task was stalled waiting for it
 (``/proc/pressure/{cpu,memory,io}``, the "some" line's ``total`` in microseconds); its growth over a block, over
 the block's wall time, is the share of the block lost to waiting. Memory pressure means reclaim or thrashing (too
