@@ -82,7 +82,7 @@ class WorkerStartup(BaseModel):
     build_s: float = Field(description="building the session (model, data, kernels)")
     warmup_s: float = Field(description="the warm-up steps")
     started_ahead: int = Field(0, description="measurements whose two workers were started during the candidate's "
-                                              "validation (validators.ab_runner.prestart)")
+                                              "validation (validators.started_ahead.prestart)")
     close_s: float | None = Field(None, description="after a measurement's last block, until both its workers had "
                                                     "exited (median over the measurements that recorded it)")
     build_parts: dict[str, float] = Field(default_factory=dict, description="the build split into the parts the "

@@ -32,7 +32,8 @@ from state_machine.time_budget import out_of_time, own_s
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.ab_runner import PrestartKey, discard, note_footprint, prestart, prestart_key
+from validators.started_ahead import PrestartKey, discard, prestart, prestart_key
+from validators.timing_worker import note_footprint
 from validators.kernel import validate_kernel_file
 from validators.numerics import calibrate_reorder, compare
 from validators.source import check_source
@@ -45,7 +46,7 @@ MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
 # Pairs of timing workers started during a candidate's validation: the first measurement's and a spare for the one
-# after it, where memory allows (``ab_runner.prestart``).
+# after it, where memory allows (``started_ahead.prestart``).
 PRESTARTED_PAIRS = 2
 
 
@@ -305,7 +306,7 @@ def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[
 
 def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Kernels against their references, then the training trajectory against the baseline's. On a GPU the
-    candidate's timing workers start meanwhile (``ab_runner.prestart``), unless another lane's timing needs the
+    candidate's timing workers start meanwhile (``started_ahead.prestart``), unless another lane's timing needs the
     machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
     rejected candidate's are killed."""
     cand = state.current

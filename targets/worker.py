@@ -275,7 +275,7 @@ def measure(req: WorkerRequest, device: torch.device, result: WorkerResult, job:
 
 def footprint(device: torch.device) -> dict[str, int]:
     """This worker's memory: its peak resident host memory, and on a GPU the device memory its allocator has held
-    at most and the device's total (what ``validators.ab_runner.pairs_that_fit`` reads)."""
+    at most and the device's total (what ``validators.started_ahead.pairs_that_fit`` reads)."""
     memory = {"host_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # KiB on Linux
     if device.type == "cuda":
         memory |= {"device_peak": torch.cuda.max_memory_reserved(device),

@@ -40,7 +40,7 @@ class WorkerRequest(BaseModel):
     gpus: list[int] | None = Field(None, description="the GPUs this worker may use, as indices into the caller's "
                                                     "visible devices (CUDA_VISIBLE_DEVICES); None: all of them")
     cpus: list[int] | None = Field(None, description="the CPUs a timed side-by-side worker is pinned to; None: the "
-                                                    "A/B runner's own choice (validators.ab_runner.shared_cpus)")
+                                                    "A/B runner's own choice (validators.timing_worker.shared_cpus)")
     reassociate: bool = Field(False, description="numerics mode only: skip the deterministic set-up (one CPU thread, "
                                                  "deterministic CUDA algorithms), so float association may change, "
                                                  "and nudge the dense parameters by one fp32 rounding before "

@@ -10,7 +10,7 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from validators.ab_runner import Side
+from validators.timing_worker import Side
 
 Verdict = Literal["faster", "slower", "no-difference", "failed"]
 

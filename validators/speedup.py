@@ -82,7 +82,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
-from validators.ab_runner import ABRunner, Side, SideFailed, discard, prestart, shared_cpus
+from validators.ab_runner import ABRunner
+from validators.started_ahead import discard, prestart
+from validators.timing_worker import Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
                                  floor_from)
 
@@ -160,7 +162,7 @@ class ABResult(BaseModel):
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see validators.confirmation.pooled)")
     started_ahead: bool = Field(False, description="its workers were started before it, while the candidate's "
-                                                   "numerics run was judged (ab_runner.prestart)")
+                                                   "numerics run was judged (started_ahead.prestart)")
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
                                                "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
                                                "than asked (measure_ab's settled_below)")
@@ -305,7 +307,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
     floor from the worst run; ``on_run`` sees each run as it ends (progress).
 
     With ``spares``, where builds overlap (a GPU) and memory allows, the later runs' workers start with the first
-    run's (``ab_runner.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29)
+    run's (``started_ahead.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29)
     each A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations). Calibrations that run
     beside each other (lanes of --gpus) pass False: a spare would build beside the other lanes' timed blocks."""
     labels, roots = ("A1", "A2"), (root, root)

@@ -21,7 +21,7 @@ from targets.worker_protocol import WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
 from tests.fixtures.fork_server_up import fork_server_up
 from tests.validators.test_speedup import INCUMBENT
-from validators.ab_runner import shared_cpus
+from validators.timing_worker import shared_cpus
 from validators.ab_stats import block_order
 from validators.speedup import MAX_STEP_FACTOR, ABResult, assert_sides, measure_ab
 

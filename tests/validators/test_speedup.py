@@ -16,7 +16,7 @@ from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio
 from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
                                 assert_sides, calibrate_noise_floor, equal_time_steps, spec_digest)
 from validators.confirmation import confirm_win
-from validators.ab_runner import overlap_builds, shared_cpus
+from validators.timing_worker import overlap_builds, shared_cpus
 
 BASE_STEP_S = 3e-3
 
