@@ -145,8 +145,11 @@ def test_past_the_baselines_profile_the_tpe_search_profiles_no_incumbent(state, 
     the rules' search profiles every new incumbent."""
     from state_machine.state import Baseline
     profiled = []
-    monkeypatch.setattr(nodes, "run_profile", lambda req, timeout_s: profiled.append(req) or (_ for _ in ()).throw(
-        RuntimeError("profiled")))
+
+    def run_profile(req, timeout_s):
+        profiled.append(req)
+        raise RuntimeError("profiled")
+    monkeypatch.setattr(nodes, "run_profile", run_profile)
     accepted = evaluated(state.model_copy(update={"profiles": ["baseline.json"], "baseline": Baseline(
         numerics_file="n", step_ms=10.0, noise_floor=0.02, calibration_file="c")}), 1, {"pin": False, "workers": 1},
         "measure", ratio=0.9, accepted=True)
