@@ -1,0 +1,133 @@
+"""Where a cached-placement step's host time goes: the step and each part of the embedding store's work, timed on
+the host (perf_counter around each part, inclusive of what it calls; no synchronisation added), on the real
+session a worker builds. The step itself is timed both ways: until `step()` returns (host) and until the device
+has finished (wall), so a host-bound step shows host close to wall.
+
+At `large-cached` the best configuration found so far ran 13.99 ms of host work in a 14.93 ms profiled step,
+7.09 of it in `embed` while the device ran 1.40 there (H200, session 27's profile): which parts of the cache's
+lookup, bookkeeping, row moves and update hold that time decides what to cut.
+
+    python benchmarks/embed_host.py --size large-cached --device cuda --config docs/results/.../best_config.toml \
+        [--set optimizer_impl=fused] [--steps 40] [--warmup 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+import tomllib
+from collections import defaultdict
+
+import torch
+
+from targets.haste_rec import cache_overlap, embedding_rows, embeddings, row_cache, row_ops, session as session_mod
+from targets.haste_rec import shared_slot_rows, table_caches
+from targets.worker import build_session, open_device, sync_device
+from targets.worker_protocol import WorkerRequest
+
+SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # label -> [seconds, calls]
+
+# (owner, attribute, label): the parts of a cached step, outermost first. Module functions are patched where their
+# callers look them up.
+PARTS = [
+    (session_mod.HasteRecSession, "step", "step"),
+    (embeddings.EmbeddingStore, "forward", "embed forward"),
+    (embedding_rows._CachedRows, "lookup", "  lookup"),
+    (embedding_rows, "make_lookup", "    make_lookup (unique, offsets)"),
+    (table_caches.TableCaches, "prepare", "    prepare"),
+    (table_caches.TableCaches, "_assign", "      decide (_assign)"),
+    (row_cache.RowMoves, "rows_on_host", "      moved ids to the host"),
+    (table_caches.TableCaches, "move", "      move weights"),
+    (shared_slot_rows.SharedSlotRows, "move", "      move state"),
+    (row_cache, "gather_to_device", "        host gather + copy"),
+    (cache_overlap.WriteBehind, "wait", "        wait write-behind"),
+    (cache_overlap.WriteBehind, "submit", "        submit write-back"),
+    (cache_overlap.CacheStream, "hand_over", "    hand over"),
+    (embeddings.EmbeddingStore, "_on_row_grads", "embed backward (update)"),
+    (embedding_rows._CachedRows, "fused_update", "  fused_update"),
+    (embedding_rows, "row_gradients", "    row gradients"),
+    (embedding_rows, "apply_rowwise_adagrad_", "    adagrad"),
+    (embeddings.EmbeddingStore, "optimizer_step", "embed optimizer_step"),
+]
+
+
+def _timed(fn, label):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = SPENT[label]
+            spent[0] += time.perf_counter() - start
+            spent[1] += 1
+    return wrapper
+
+
+def instrument() -> None:
+    for owner, name, label in PARTS:
+        setattr(owner, name, _timed(getattr(owner, name), label))
+
+
+def read_config(path: str | None, sets: list[str]) -> dict:
+    config = {}
+    if path:
+        with open(path, "rb") as f:
+            config.update(tomllib.load(f).get("knobs", {}))
+    for item in sets:
+        knob, _, value = item.partition("=")
+        try:
+            config[knob] = json.loads(value)
+        except json.JSONDecodeError:
+            config[knob] = value
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--config", default=None, help="a best_config.toml ([knobs])")
+    parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args()
+    config = read_config(args.config, args.set)
+    req = WorkerRequest(target="haste-rec", size=args.size, mode="bench", config=config, device=args.device)
+    device = open_device(req)
+    instrument()
+    began = time.perf_counter()
+    _, _, _, session = build_session(req, device, None)
+    built = time.perf_counter() - began
+    for _ in range(args.warmup):
+        session.step()
+    sync_device(device)
+    SPENT.clear()
+    host, wall = [], []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        session.step()
+        host.append(time.perf_counter() - start)
+        sync_device(device)
+        wall.append(time.perf_counter() - start)
+    back_to_back = time.perf_counter()
+    for _ in range(args.steps):
+        session.step()
+    sync_device(device)
+    chained = (time.perf_counter() - back_to_back) / args.steps
+    print(f"{args.size} on {device}, config {json.dumps(config, sort_keys=True)}; built in {built:.1f} s")
+    print(f"step, synchronised each: host {1e3 * statistics.median(host):.2f} ms, wall {1e3 * statistics.median(wall):.2f}"
+          f" ms (medians of {args.steps}); back to back: {1e3 * chained:.2f} ms a step (mean of {args.steps})")
+    print("\n| part | ms / step (host, inclusive) | calls / step |\n|---|---|---|")
+    for _, _, label in PARTS:
+        if label in SPENT:
+            seconds, calls = SPENT[label]
+            print(f"| {label.replace(' ', chr(160), len(label) - len(label.lstrip()))} "
+                  f"| {1e3 * seconds / (2 * args.steps):.3f} | {calls / (2 * args.steps):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
