@@ -1,7 +1,8 @@
 """Where a cached-placement step's host time goes: the step and each part of the embedding store's work, timed on
 the host (perf_counter around each part, inclusive of what it calls; no synchronisation added), on the real
 session a worker builds. The step itself is timed both ways: until `step()` returns (host) and until the device
-has finished (wall), so a host-bound step shows host close to wall.
+has finished (wall), so a host-bound step shows host close to wall. With embedding_cache_prefetch the lookup is
+prepared on the prefetch thread: its parts are then that thread's time, beside the step's, not in it.
 
 At `large-cached` the best configuration found so far ran 13.99 ms of host work in a 14.93 ms profiled step,
 7.09 of it in `embed` while the device ran 1.40 there (H200, session 27's profile): which parts of the cache's
@@ -23,7 +24,7 @@ from collections import defaultdict
 
 import torch
 
-from targets.haste_rec import cache_overlap, embedding_rows, embeddings, row_cache, row_ops, session as session_mod
+from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache, row_ops, session as session_mod
 from targets.haste_rec import shared_slot_rows, table_caches
 from targets.worker import build_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
@@ -36,6 +37,9 @@ PARTS = [
     (session_mod.HasteRecSession, "step", "step"),
     (embeddings.EmbeddingStore, "forward", "embed forward"),
     (embedding_rows._CachedRows, "lookup", "  lookup"),
+    (cache_prefetch.PrefetchThread, "take", "    take the prefetched lookup (waits for it)"),
+    (embedding_rows._CachedRows, "prefetch", "  submit the next batch's prefetch"),
+    (embedding_rows._CachedRows, "_prepared", "    prepare the lookup (here or on the prefetch thread)"),
     (embedding_rows, "make_lookup", "    make_lookup (unique, offsets)"),
     (table_caches.TableCaches, "prepare", "    prepare"),
     (table_caches.TableCaches, "_assign", "      decide (_assign)"),

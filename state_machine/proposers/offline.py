@@ -153,6 +153,12 @@ CATALOG: tuple[Rule, ...] = (
          "faster (sg-opt bench --vs, 2026-12-02)", devices=("cuda",),
          requires={"embedding_placement": ("cached",), "embedding_cache_index": ("device",),
                    "embedding_cache_overlap": (False,)}, host_phases=("embed",)),
+    Rule("cache-prefetch", ("embedding-bound", "launch/host-bound"), {"embedding_cache_prefetch": True}, 0.7,
+         "prepare the next batch's cache lookup (slot decisions, gathers of missed rows, their copies in) on a thread "
+         "of its own while the step runs: at large-cached's best configuration of session 27, 4.2 of a step's 12.1 ms "
+         "of host time went to the caches' prepare (benchmarks/embed_host.py on an H200, 2026-12-04)",
+         devices=("cuda",), requires={"embedding_placement": ("cached",), "embedding_cache_prefetch": (False,)},
+         host_phases=("embed",)),
     Rule("fewer-host-threads", ("launch/host-bound", "embedding-bound"), {"host_threads": "half"}, 0.2,
          "half the trainer's CPU threads: beside a GPU its team has a thread on every CPU of a 16-core host, and stalls "
          "at every parallel op's end while a loader worker, a driver or pinning thread takes one of them (on the "

@@ -30,6 +30,7 @@ class EmbeddingConfig:
     eviction: str = "lru"
     cache_index: str = "host"              # placement cached: the caches' bookkeeping on the host or the device
     cache_overlap: bool = False            # placement cached: decisions on a side stream, write-backs behind
+    cache_prefetch: bool = False           # placement cached: the next batch's lookup prepared on a thread ahead
     opt_state_cache_fraction: float = 0.2  # Adagrad-state cache rows / all rows (placement cached)
     pool_on_host: bool = False             # placement host: only pooled vectors cross to the device
     pin_memory: bool = False               # pinned host tables and staging buffers (CUDA only)

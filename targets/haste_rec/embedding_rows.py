@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from targets.haste_rec.cache_prefetch import PrefetchThread
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig
 from targets.haste_rec.row_cache import gather_to_device, should_pin, to_device, to_host
 from targets.haste_rec.shared_slot_rows import SharedSlotRows
@@ -82,7 +83,8 @@ class _Rows(ABC):
 
     @abstractmethod
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
-               record: bool) -> tuple[torch.Tensor, Lookup | _Bags]: ...
+               record: bool, key=None) -> tuple[torch.Tensor, Lookup | _Bags]:
+        """(pooled [T*B, dim], the lookup backward needs); `key` names the batch (``_CachedRows``' prefetch)."""
 
     @abstractmethod
     def update(self, rows: torch.Tensor | None, grads: torch.Tensor) -> None: ...
@@ -136,7 +138,7 @@ class _DeviceRows(_Rows):
         # _indices/_values read the uncoalesced gradient: coalesce_rows sums it in position order
         return coalesce_rows(g._indices()[0], g._values())
 
-    def lookup(self, ids, offsets, weights, record):
+    def lookup(self, ids, offsets, weights, record, key=None):
         if self.fused_kernel is not None:  # it sorts the ids itself: no unique here
             return self.pool(ids, self.weight, offsets, weights), _Bags(ids, offsets, weights)
         lookup = make_lookup(ids, offsets, weights, self.device)
@@ -168,7 +170,7 @@ class _HostRows(_Rows):
         super().__init__(device, cfg)
         self.weight, self.state = _host_buffers(init)
 
-    def lookup(self, ids, offsets, weights, record):
+    def lookup(self, ids, offsets, weights, record, key=None):
         if self.cfg.pool_on_host:  # only [bags, dim] crosses; backward brings d(pooled) back to the host
             pooled = pool(ids, self.weight, offsets, weights)
             self.bytes_h2d += pooled.numel() * pooled.element_size()
@@ -215,6 +217,11 @@ class _CachedRows(_Rows):
                        TableCaches(state, layout.table_rows, state_capacities, cfg.eviction, device, cfg.pin_memory,
                                    "state cache", metadata, cfg.cache_overlap))
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
+        # prefetch (``cache_prefetch``): the next training batch's lookup prepared on a thread of its own, holding the
+        # rows of the last training lookup (`_last`); `_protected` is the lookup the job running or done holds.
+        self.ahead = PrefetchThread(device) if cfg.cache_prefetch else None
+        self._last: Lookup | None = None
+        self._protected: Lookup | None = None
         if self.fused_kernel is not None and not isinstance(self.states, SharedSlotRows):  # the Triton update's map:
             self.state_slot_of = torch.zeros(sum(capacities), dtype=torch.int64, device=device)
 
@@ -238,16 +245,44 @@ class _CachedRows(_Rows):
         self.states.load_resident()
         return int(decided["replayed"])
 
-    def lookup(self, ids, offsets, weights, record):
+    def settle(self) -> None:
+        """The caches' metadata to this thread: the prefetch job, if any, finished (its lookup kept for the step that
+        takes it, which prepares it again if a prepare since has moved its rows)."""
+        if self.ahead is not None:
+            self.ahead.wait()
+
+    def prefetch(self, key, ids, offsets, weights) -> None:
+        """Start preparing the lookup of the next training batch (`key` names it) on the prefetch thread, holding
+        the rows of the last training lookup, whose update is still to come."""
+        self._protected = held = self._last
+        self.ahead.submit(key, self._prepared, ids, offsets, weights, True, None if held is None else held.slots)
+
+    def _prepared(self, ids, offsets, weights, record, held=None) -> Lookup:
+        """The batch's lookup with its rows resident and their slots (``lookup`` without the pooling)."""
         stream = self.params.stream
         with stream.deciding():  # overlap: the ids cross and are sorted on the caches' stream
             if stream.enabled:
                 ids, offsets, weights = (None if t is None else to_device(t, self.device, pinned=True)
                                          for t in (ids, offsets, weights))
             lookup = make_lookup(ids, offsets, weights, self.device)
-        lookup.slots = self.params.prepare(lookup.rows, record)
+        lookup.slots = self.params.prepare(lookup.rows, record, held)
         stream.hand_over(lookup.rows, lookup.inverse, lookup.counts, lookup.offsets, lookup.bag_of, lookup.weights)
         lookup.slots_epoch = self.params.epoch
+        return lookup
+
+    def lookup(self, ids, offsets, weights, record, key=None):
+        """`key`, given, names the batch: its lookup is taken from the prefetch thread if it prepared it."""
+        lookup = self.ahead.take(key) if self.ahead is not None and key is not None and record else None
+        if lookup is None:
+            self.settle()
+            self._protected = None  # a prepare that holds nothing: no earlier lookup's slots are kept
+            lookup = self._prepared(ids, offsets, weights, record)
+        elif lookup.slots_epoch != self.params.epoch:  # a lookup between (an evaluation) may have evicted its rows
+            self._protected = None
+            lookup.slots = self.params.prepare(lookup.rows, record=False)
+            lookup.slots_epoch = self.params.epoch
+        if record:
+            self._last = lookup
         return self.pool(lookup.slots[lookup.inverse], self.params.device_rows, lookup.offsets, lookup.weights), lookup
 
     def fused_update(self, lookup, grad_pooled):
@@ -259,7 +294,9 @@ class _CachedRows(_Rows):
         riding = isinstance(self.states, SharedSlotRows)
         if not riding and (self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1):
             return super().fused_update(lookup, grad_pooled)
-        if lookup.slots_epoch == self.params.epoch:
+        if lookup is not self._protected:  # a prefetch holding its rows keeps its slots valid; else any prepare since
+            self.settle()                  # may have moved them (the epoch says)
+        if lookup is self._protected or lookup.slots_epoch == self.params.epoch:
             param_slots = lookup.slots
         else:
             param_slots = self.params.prepare(lookup.rows, record=False)
@@ -278,6 +315,7 @@ class _CachedRows(_Rows):
                                  state_index=state_index).sum()
 
     def update(self, rows, grads):
+        self.settle()
         rows, grads = rows.to(self.index_device), grads.to(self.device)
         for part in self._rounds(rows):
             param_slots = self.params.prepare(rows[part], record=False)  # resident since the lookup
@@ -298,6 +336,7 @@ class _CachedRows(_Rows):
         return max(math.ceil((hi - lo) / chunk) for (lo, hi), chunk in zip(bounds, self.chunk))
 
     def snapshot(self):
+        self.settle()
         self.params.flush()
         self.states.flush()
         return self.params.host_rows.clone(), self.states.host_rows.clone()
@@ -305,9 +344,11 @@ class _CachedRows(_Rows):
     def current_weights(self):
         """The host weights once every cached row is written back: no copy (13.3 GB at large-cached, which the
         parameter digest of every numerics run made, beside the workers started ahead)."""
+        self.settle()
         self.params.flush()
         return self.params.host_rows
 
     def counters(self):
+        self.settle()
         return super().counters() | {f"{name}_{key}": value for name, caches in (("param", self.params),
                                      ("state", self.states)) for key, value in caches.counters().items()}

@@ -40,15 +40,15 @@ class _RowGradLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, rows: _Rows, ids, offsets, weights, sink: Callable) -> torch.Tensor:
-        pooled, ctx.lookup = rows.lookup(ids, offsets, weights, record=True)
+    def forward(ctx, anchor, rows: _Rows, ids, offsets, weights, sink: Callable, key) -> torch.Tensor:
+        pooled, ctx.lookup = rows.lookup(ids, offsets, weights, record=True, key=key)
         ctx.rows, ctx.sink = rows, sink
         return pooled
 
     @staticmethod
     def backward(ctx, grad_pooled):
         ctx.sink(ctx.lookup, grad_pooled)
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
 
 
 # -- the HBM budget ------------------------------------------------------------------------------
@@ -106,6 +106,7 @@ class EmbeddingStore(nn.Module):
         self._anchor = torch.zeros(0, device=self.device, requires_grad=True)
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fused_sq: list[torch.Tensor] = []
+        self._upcoming: Batch | PackedBatch | None = None  # the next training batch, to prefetch (cache_prefetch)
         self.warm_batches = 0  # batches replayed into the caches before training (warm_caches)
 
     def _plan(self, access_counts: list[torch.Tensor] | None,
@@ -115,6 +116,8 @@ class EmbeddingStore(nn.Module):
         if cfg.placement != "cached":
             return [0] * len(table_rows), [0] * len(table_rows)
         floors = list(max_unique_per_batch) if max_unique_per_batch is not None else [1] * len(table_rows)
+        if cfg.cache_prefetch:  # a prefetch holds the batch before beside its own: two batches' rows at most
+            floors = [min(2 * floor, rows) for floor, rows in zip(floors, table_rows)]
         params, states = (plan_capacities(cfg.cache_plan, table_rows, fraction, floors, access_counts)
                           for fraction in (cfg.cache_fraction, cfg.opt_state_cache_fraction))
         return params, states
@@ -143,9 +146,26 @@ class EmbeddingStore(nn.Module):
         elif not torch.is_grad_enabled():  # evaluation and probes: no gradient, not counted as cache traffic
             pooled = self._rows.lookup(ids, offsets, weights, record=False)[0]
         else:
-            pooled = _RowGradLookup.apply(self._anchor, self._rows, ids, offsets, weights, self._on_row_grads)
+            pooled = _RowGradLookup.apply(self._anchor, self._rows, ids, offsets, weights, self._on_row_grads, batch)
+            self._prefetch_upcoming()
         tables, bags = len(self.layout.table_rows), batch.batch_size
         return pooled.view(tables, bags, self.dim).transpose(0, 1).reshape(bags, tables * self.dim)
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether the store wants each next training batch ahead (``prefetch_next``): placement cached with
+        cache_prefetch."""
+        return isinstance(self._rows, _CachedRows) and self._rows.ahead is not None
+
+    def prefetch_next(self, batch: Batch | PackedBatch) -> None:
+        """The batch the next training step takes: its lookup is prepared on the prefetch thread
+        (``cache_prefetch``) as soon as the current step's lookup is done."""
+        self._upcoming = batch
+
+    def _prefetch_upcoming(self) -> None:
+        if self._upcoming is not None and self.prefetches:
+            batch, self._upcoming = self._upcoming, None
+            self._rows.prefetch(batch, *self.layout.flatten(batch, self._rows.index_device))
 
     def _on_row_grads(self, lookup, grad_pooled: torch.Tensor) -> None:
         """Backward's gradient: applied at once (fused) or kept as per-row gradients for optimizer_step (sparse)."""
@@ -212,6 +232,8 @@ class EmbeddingStore(nn.Module):
         out.update({key: out[f"param_{key}"] for key in ("hits", "misses", "miss_rate")})
         out.update({f"bytes_{way}": sum(out[f"{src}_bytes_{way}"] for src in ("param", "state", "lookup"))
                     for way in ("h2d", "d2h")})
+        if isinstance(self._rows, _CachedRows) and self._rows.ahead is not None:
+            out["cache_prefetched"] = float(self._rows.ahead.taken)
         out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(self.state_cache_rows)),
                     "cache_warm_batches": float(self.warm_batches)})
         out.update({f"cache_rows_t{t}": float(rows) for t, rows in enumerate(self.cache_rows)})

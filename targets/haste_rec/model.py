@@ -119,7 +119,7 @@ def embedding_config(config: Mapping[str, Any], size: HasteRecSize) -> Embedding
         placement=config["embedding_placement"], grad_mode=config["embedding_grad_mode"],
         cache_fraction=config["embedding_cache_fraction"], cache_plan=config["embedding_cache_plan"],
         eviction=config["embedding_eviction"], cache_index=config["embedding_cache_index"],
-        cache_overlap=config["embedding_cache_overlap"],
+        cache_overlap=config["embedding_cache_overlap"], cache_prefetch=config["embedding_cache_prefetch"],
         opt_state_cache_fraction=config["embedding_opt_state_cache_fraction"],
         pool_on_host=config["embedding_pool_on_host"], pin_memory=config["pin_memory"],
         backend=config["embedding_backend"], triton_tile_elements=config["embedding_tile_elements"],

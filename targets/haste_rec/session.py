@@ -70,6 +70,7 @@ class HasteRecSession:
         if config["dense_cuda_graph"]:
             check_dense_graph(config, device)
         self.batches = loader_first(data, size, config, device)
+        self._ahead: Batch | None = None  # the next step's batch, taken early for the embeddings' prefetch
         clock.mark("loader")
         self.model = HasteRecModel(data, size, config, kernels, device, seed, clock)
         self.timer = PhaseTimer(device)
@@ -171,7 +172,7 @@ class HasteRecSession:
     def step(self) -> torch.Tensor:
         phase = self.timer
         with phase("data"):
-            batch = next(self.batches)
+            batch = self._next_batch()
         if self.dense_graphs is not None:
             loss = self.dense_graphs.loss(batch)
         elif self.fused_tail_loss:
@@ -187,6 +188,17 @@ class HasteRecSession:
                 self._grad_norms = grad_norms(self.model, self.model.embeddings)
             self.optimizers.step(self.model, self.model.embeddings)
         return loss.detach()
+
+    def _next_batch(self) -> Batch:
+        """The step's batch. When the embeddings prefetch (cache_prefetch), the batch after it is taken now too and
+        handed to them, and the next step takes it."""
+        embeddings = self.model.embeddings
+        if not embeddings.prefetches:
+            return next(self.batches)
+        batch = self._ahead if self._ahead is not None else next(self.batches)
+        self._ahead = next(self.batches)
+        embeddings.prefetch_next(self._ahead)
+        return batch
 
     @property
     def banked_steps(self) -> int:

@@ -109,14 +109,16 @@ class TableCaches:
         edges = torch.searchsorted(sorted_rows, edges).tolist()
         return list(zip(edges[:-1], edges[1:]))
 
-    def prepare(self, unique_rows: torch.Tensor, record: bool = True) -> torch.Tensor:
+    def prepare(self, unique_rows: torch.Tensor, record: bool = True, held: torch.Tensor | None = None) -> torch.Tensor:
         """Shared-buffer slots (on the device) of sorted, distinct shared-space rows, made resident.
 
         `record` counts hits and misses and refreshes recency/frequency (the lookup path); the update path
-        passes False so that touching the same rows again is not counted twice.
+        passes False so that touching the same rows again is not counted twice. `held` (slots, anywhere) are kept
+        as if this batch used them too: no row of theirs is evicted (``cache_prefetch``: the batch before, whose
+        update is still to come).
         """
         with self.stream.deciding():
-            slots, moves = self._assign(unique_rows, record)
+            slots, moves = self._assign(unique_rows, record, None if held is None else held.to(self.index_device))
             if moves is not None:
                 moves = moves.rows_on_host()  # one read-back of the moved rows' ids, for every array moved
         self.stream.hand_over(slots, *([] if moves is None else [moves.back_slots, moves.load_slots]))
@@ -182,13 +184,18 @@ class TableCaches:
         load_occupied(self, self.row_of_slot)
         self.hits = self.misses = self.bytes_h2d = self.bytes_d2h = 0
 
-    def _assign(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
-        """(host-side slots of `unique_rows`, the rows to move for them or None): ``prepare``'s decisions."""
+    def _assign(self, unique_rows: torch.Tensor, record: bool,
+                held: torch.Tensor | None = None) -> tuple[torch.Tensor, RowMoves | None]:
+        """(slots of `unique_rows` where the metadata lives, the rows to move for them or None): ``prepare``'s
+        decisions, evicting none of the `held` slots."""
         unique_rows = unique_rows.to(self.index_device)
         if self.eviction == "lru" and self.uniform and (self._all_full or self._became_full()):
-            return self._assign_steady(unique_rows, record)
+            return self._assign_steady(unique_rows, record, held)
         table = torch.bucketize(unique_rows, self.row_edges, right=True)
-        self._check_fits(torch.bincount(table, minlength=len(self.capacities)).tolist())
+        needed = torch.bincount(table, minlength=len(self.capacities))
+        if held is not None:
+            needed += torch.bincount(self._table_of_slots(held), minlength=len(self.capacities))
+        self._check_fits(needed.tolist(), held is not None)
         slots = self.slot_of_row.index_select(0, unique_rows)
         missing = (slots < 0).nonzero().squeeze(1)
         n_missing = missing.numel()
@@ -198,7 +205,9 @@ class TableCaches:
         moves = None
         if n_missing:
             rows = unique_rows.index_select(0, missing)
-            victims = self._victims(table.index_select(0, missing), in_use=slots[slots >= 0])
+            in_use = slots[slots >= 0]
+            victims = self._victims(table.index_select(0, missing),
+                                    in_use=in_use if held is None else torch.cat([in_use, held]))
             evicted = self.row_of_slot.index_select(0, victims)
             held = (evicted >= 0).nonzero().squeeze(1)
             moves = self._place(slots, missing, rows, victims, evicted.index_select(0, held),
@@ -231,7 +240,12 @@ class TableCaches:
         self._all_full = self.full
         return self._all_full
 
-    def _assign_steady(self, unique_rows: torch.Tensor, record: bool) -> tuple[torch.Tensor, RowMoves | None]:
+    def _table_of_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """The table each of `slots` belongs to."""
+        return torch.bucketize(slots, self.slot_start[1:], right=True)
+
+    def _assign_steady(self, unique_rows: torch.Tensor, record: bool,
+                       held: torch.Tensor | None = None) -> tuple[torch.Tensor, RowMoves | None]:
         """``_assign`` once every table is full, under LRU over equal capacities: training's steady state. The same
         decisions with one read-back of sizes (each table's distinct and missing rows), where the general path reads
         sizes back over a dozen times: on a GPU each waits for the caches' stream, which shares the device with the
@@ -240,17 +254,20 @@ class TableCaches:
 
         Every miss evicts. Missing rows come sorted, so grouped by table: the j-th missing row of table t takes the
         j-th oldest slot of t among those the batch does not use (``_oldest_unused``'s order), found by position
-        arithmetic instead of boolean-mask selections, whose sizes would be read back."""
+        arithmetic instead of boolean-mask selections, whose sizes would be read back. `held` slots count as used:
+        their tables must hold them beside the batch's rows."""
         tables, n = len(self.capacities), unique_rows.numel()
         table = torch.bucketize(unique_rows, self.row_edges, right=True)
         slots = self.slot_of_row.index_select(0, unique_rows)
         miss = slots < 0
-        sizes = torch.zeros(2 * tables, dtype=torch.int64, device=slots.device)
+        sizes = torch.zeros(3 * tables, dtype=torch.int64, device=slots.device)
         sizes.index_add_(0, table, torch.ones_like(table))
         sizes.index_add_(0, table + tables, miss.long())
-        counts = sizes.tolist()  # the one read-back: distinct rows and misses per table
-        needed, wanted = counts[:tables], counts[tables:]
-        self._check_fits(needed)
+        if held is not None:
+            sizes.index_add_(0, self._table_of_slots(held) + 2 * tables, torch.ones_like(held))
+        counts = sizes.tolist()  # the one read-back: distinct rows, misses and held slots per table
+        needed, wanted = counts[:tables], counts[tables:2 * tables]
+        self._check_fits([a + b for a, b in zip(needed, counts[2 * tables:])], held is not None)
         n_missing = sum(wanted)
         if record:
             self.hits += n - n_missing
@@ -260,9 +277,11 @@ class TableCaches:
             missing = _positions(miss, n_missing)
             rows = unique_rows.index_select(0, missing)
             in_use = slots.masked_fill(miss, self.row_of_slot.numel())  # a miss names the stamps' spare element
+            if held is not None:
+                in_use = torch.cat([in_use, held])
             lowest = self._oldest_unused(max(wanted), in_use)  # [tables, k] local slots, oldest first
             t = table.index_select(0, missing)
-            per_table = sizes[tables:]
+            per_table = sizes[tables:2 * tables]
             first = torch.cumsum(per_table, 0) - per_table  # each table's first position among the missing rows
             j = torch.arange(n_missing, device=slots.device) - first.index_select(0, t)
             victims = lowest[t, j] + self.slot_start.index_select(0, t)
@@ -271,12 +290,15 @@ class TableCaches:
         self._touch(slots, record)
         return slots, moves
 
-    def _check_fits(self, needed: Sequence[int]) -> None:
-        """ConfigError when a batch needs more distinct rows of a table than its cache holds."""
+    def _check_fits(self, needed: Sequence[int], with_held: bool = False) -> None:
+        """ConfigError when a batch needs more distinct rows of a table than its cache holds (`with_held`: beside
+        the slots held for the batch before)."""
         for t, (need, cap) in enumerate(zip(needed, self.capacities)):
             if need > cap:
-                raise ConfigError(f"table {t} {self.name} holds {cap} rows but one batch needs {need} distinct rows; "
-                                  f"raise the cache fraction or lower the batch size")
+                what = "two batches need" if with_held else "one batch needs"
+                raise ConfigError(f"table {t} {self.name} holds {cap} rows but {what} {need} distinct rows; "
+                                  f"raise the cache fraction or lower the batch size"
+                                  + (" or turn embedding_cache_prefetch off" if with_held else ""))
 
     def _victims(self, table_of_missing: torch.Tensor, in_use: torch.Tensor) -> torch.Tensor:
         """A slot for each missing row (grouped by table, in row order): per table its empty slots first, then

@@ -314,13 +314,16 @@ def test_riding_rows_move_with_their_leaders_and_refuse_rows_it_does_not_hold():
         state.prepare(rows(11))
 
 
-def test_the_steady_path_decides_as_the_general_one(monkeypatch):
+@pytest.mark.parametrize("hold", [False, True], ids=["alone", "holding"])
+def test_the_steady_path_decides_as_the_general_one(monkeypatch, hold):
     """Full caches under LRU over equal capacities take ``_assign_steady`` (one read-back of sizes); replayed beside
-    caches held to the general path, lookups and updates alternating, every slot, move and counter agree."""
+    caches held to the general path, lookups and updates alternating, every slot, move and counter agree. Holding:
+    each lookup also keeps the batch before's slots, as a prefetch does (``cache_prefetch``)."""
     table_rows, row_starts = [2000, 600, 1300], [0, 2000, 2600]
     data = ZipfBatches(table_rows, [0.8, 1.2, 1.0], batch_size=40, max_bag=4, seed=3)
     host = torch.randn(sum(table_rows), 3, generator=torch.Generator().manual_seed(2))
-    steady, general = (TableCaches(host.clone(), table_rows, [150] * 3, "lru", CPU) for _ in range(2))
+    capacity = 220 if hold else 150  # two batches' rows where one holds the other's
+    steady, general = (TableCaches(host.clone(), table_rows, [capacity] * 3, "lru", CPU) for _ in range(2))
     monkeypatch.setattr(general, "_became_full", lambda: False)
     calls = []
     monkeypatch.setattr(steady, "_assign_steady", lambda *a, _f=steady._assign_steady: calls.append(1) or _f(*a))
@@ -330,10 +333,12 @@ def test_the_steady_path_decides_as_the_general_one(monkeypatch):
         general.replay(rows_of_batch)
     assert steady.full
     calls.clear()
+    held = None
     for rows_of_batch in shared[15:]:
         for record in (True, False):
-            slots = [c.prepare(rows_of_batch, record=record) for c in (steady, general)]
+            slots = [c.prepare(rows_of_batch, record=record, held=held if record else None) for c in (steady, general)]
             assert torch.equal(*slots)
+        held = slots[0] if hold else None
         for c, s in zip((steady, general), slots):
             c.device_rows[s] += 1.0  # updates: dirty rows must be written back on eviction
     assert len(calls) == 2 * len(shared[15:])

@@ -258,8 +258,8 @@ def test_an_update_after_its_rows_were_evicted_prepares_them_again(monkeypatch):
     cpu = torch.device("cpu")
     again = []
     prepare = TableCaches.prepare
-    monkeypatch.setattr(TableCaches, "prepare", lambda self, rows, record=True: (
-        again.append(rows.numel()) if not record else None) or prepare(self, rows, record))
+    monkeypatch.setattr(TableCaches, "prepare", lambda self, rows, record=True, held=None: (
+        again.append(rows.numel()) if not record else None) or prepare(self, rows, record, held))
 
     def two_lookups_a_step(fraction: float) -> tuple[list[torch.Tensor], int]:
         again.clear()

@@ -99,10 +99,12 @@ def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, c
     """Session 27's `large-cached` run after #9: the overlap (#4, 0.930) came into the incumbent with two loader
     workers (#6, their host-and-device pair), and pinned memory (#8, 0.918) leaned faster after that. Joining the
     pinning to the overlap again would be the pinning alone: it comes first, as a retry after packed batches (#9)
-    changed the data path, and no pair names the overlap."""
+    changed the data path, and no pair names the overlap. (The cache prefetch, a rule of session 30, comes before
+    it: the caches' prepare held most of the step's host work in embed.)"""
     at = replayed(state, ctx, "h200_large_cached_s27_after_9.json", "large-cached", LARGE_CACHED_BASE,
                   S27_LARGE_CACHED_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
+    assert proposals.pop(0).patch == {"embedding_cache_prefetch": True}
     assert proposals[0].patch == {"pin_memory": True} and proposals[0].rationale.startswith(
         "tried again: candidate #8 measured 0.918 (rejected: as in that run) before #9 (pack_batches=True)")
     assert all(p.proposer != "offline:host-and-device" for p in proposals)
@@ -138,6 +140,7 @@ def test_two_leaning_changes_on_one_side_come_together_when_their_product_clears
         "baseline": Baseline(numerics_file="n", step_ms=152.58, noise_floor=0.0301, calibration_file="c"),
         "recalibrations": [floor]})
     proposals = propose_offline(s29, ctx, limit=200)
+    assert proposals.pop(0).patch == {"embedding_cache_prefetch": True}  # session 30's rule, on embed's host work
     assert proposals[0].proposer == "offline:leaning-bundle"
     assert proposals[0].patch == {"pin_memory": True, "pack_batches": True}
     assert proposals[0].expected_gain == pytest.approx(1 / (0.876 * 0.925))

@@ -361,7 +361,8 @@ def test_the_s20_large_cached_run_after_the_device_index_overlaps_the_cache_next
         (3, {"embedding_cache_index": "device"}, True, 0.676)])
     proposals = propose_offline(at, ctx, limit=200)
     assert proposals[0].patch == {"embedding_cache_overlap": True}
-    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in proposals[:5]]
+    assert proposals[1].patch == {"embedding_cache_prefetch": True}  # session 30's rule: embed's host work too
+    assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in proposals[:6]]
     assert all("embedding_pool_on_host" not in p.patch for p in proposals)
 
 
