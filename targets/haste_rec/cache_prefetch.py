@@ -20,6 +20,7 @@ rows are held, not one), but a row's value is the same wherever it sits, so the 
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -37,10 +38,13 @@ class PrefetchThread:
         self.taken = 0  # lookups the trainer took from the thread
 
     def _start(self) -> None:
-        """The thread (on first use), on the trainer's CUDA device: the current device is per thread."""
-        cuda = self.device.type == "cuda"
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-prefetch",
-                                        initializer=(lambda: torch.cuda.set_device(self.device)) if cuda else None)
+        """The thread (on first use), on the trainer's CUDA device: the current device is per thread (a device
+        named without an index is the caller's current one)."""
+        initializer = None
+        if self.device.type == "cuda":
+            index = torch.cuda.current_device() if self.device.index is None else self.device.index
+            initializer = functools.partial(torch.cuda.set_device, index)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-prefetch", initializer=initializer)
 
     def submit(self, key: Any, prepare: Callable[..., Any], *args: Any) -> None:
         """Run ``prepare(*args)`` on the thread for the batch `key` (after the job before it, if any)."""
