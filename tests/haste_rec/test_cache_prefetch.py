@@ -94,19 +94,36 @@ def test_the_cache_floor_is_two_batches_with_prefetch():
     assert ahead.cache_rows == [min(2 * u, rows) for u, rows in zip(MAX_UNIQUE, TABLE_ROWS)]
 
 
-def session_trajectory(knobs: dict, steps: int = 6) -> tuple[list[float], dict, dict]:
+def session_trajectory(knobs: dict, steps: int = 6, probe_every: int = 0) -> tuple[list[float], list, dict, dict]:
+    """Losses, probes (every `probe_every` steps, between them, as a numerics run reads them), the final parameter
+    digest and counters of a tiny session on the CPU."""
     req = WorkerRequest(target="haste-rec", size="tiny", mode="bench", config=knobs, device="cpu")
     _, _, _, session = build_session(req, open_device(req), None)
-    losses = [float(session.step()) for _ in range(steps)]
-    return losses, session.param_digest(), session.counters()
+    losses, probes = [], []
+    for step in range(steps):
+        losses.append(float(session.step()))
+        if probe_every and step % probe_every == 0:
+            probes.append(session.probe())
+    return losses, probes, session.param_digest(), session.counters()
+
+
+KNOBS = {"embedding_placement": "cached", "embedding_grad_mode": "fused", "embedding_cache_fraction": 0.05,
+         "embedding_opt_state_cache_fraction": 0.05}
 
 
 def test_the_trainer_with_prefetch_trains_bitwise_as_without_it():
     """The session hands each next batch to the store (``HasteRecSession._next_batch``): same losses and
     parameters, and every step after the first used a prefetched lookup."""
-    knobs = {"embedding_placement": "cached", "embedding_grad_mode": "fused", "embedding_cache_fraction": 0.05,
-             "embedding_opt_state_cache_fraction": 0.05}
-    plain_losses, plain_digest, _ = session_trajectory(knobs)
-    losses, digest, counters = session_trajectory(knobs | {"embedding_cache_prefetch": True})
+    plain_losses, _, plain_digest, _ = session_trajectory(KNOBS)
+    losses, _, digest, counters = session_trajectory(KNOBS | {"embedding_cache_prefetch": True})
     assert losses == plain_losses and digest == plain_digest
     assert counters["cache_prefetched"] == 5 and counters["bytes_d2h"] > 0
+
+
+def test_probes_between_steps_leave_the_prefetch_exact():
+    """A probe between two steps looks up its own rows while the next batch's prefetched lookup waits: it may evict
+    that batch's rows, which the step then prepares again. Probes, losses and parameters as without prefetch."""
+    plain = session_trajectory(KNOBS, steps=8, probe_every=2)
+    prefetched = session_trajectory(KNOBS | {"embedding_cache_prefetch": True}, steps=8, probe_every=2)
+    assert prefetched[:3] == plain[:3]
+    assert prefetched[3]["cache_prefetched"] == 7
