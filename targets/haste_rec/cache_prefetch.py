@@ -3,10 +3,11 @@ embedding_cache_prefetch), TorchRec's prefetch pipeline for SparseGear's device 
 
 At `large-cached` the best configuration found by session 27 was host-bound: of a step's 12.1 ms of host time,
 5.5 went to the embedding lookup, 4.2 of it to the caches' prepare (deciding slots, gathering missed rows from
-the host tables, copying them in), while the device ran 1.4 ms of `embed` (H200, 2026-12-04,
-``benchmarks/embed_host.py``). That work needs only the next batch's ids, so it can run on a second host thread
-beside the current step's dense forward, backward and optimizer, which are also host-bound: torch releases the
-GIL inside each operation, and the gathers are long operations.
+the host tables, copying them in; ``benchmarks/embed_host.py`` on an H200, 2026-12-04), where session 27's profile
+had the device busy 1.4 ms in `embed`. That work needs only the next batch's ids, so it can run on a second host
+thread beside the current step's dense forward, backward and optimizer, which are also host-bound: torch releases
+the GIL inside each operation, and the gathers are long operations. Side by side on the H200 (``sg-opt bench
+--vs``, 2026-12-04) that configuration stepped in 9.25 ms with it against 11.84 without (ratio 0.788).
 
 What keeps it exact: batch k+1's prepare runs before batch k's update, so it must not evict a row of batch k
 (its slot would then hold another row when the update writes it). The prepare therefore holds batch k's slots as
