@@ -25,7 +25,7 @@ from collections import defaultdict
 import torch
 
 from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache, row_ops, session as session_mod
-from targets.haste_rec import shared_slot_rows, table_caches
+from targets.haste_rec import dense_graph, optimizers, shared_slot_rows, table_caches
 from targets.worker import build_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
 
@@ -35,6 +35,11 @@ SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # label -> [secon
 # callers look them up.
 PARTS = [
     (session_mod.HasteRecSession, "step", "step"),
+    (session_mod.HasteRecSession, "_next_batch", "data (the next batch)"),
+    (session_mod.HasteRecSession, "fused_loss", "forward and loss (fused tail)"),
+    (dense_graph.DenseGraphs, "loss", "forward and loss (CUDA graphs)"),
+    (torch.Tensor, "backward", "backward"),
+    (optimizers.Optimizers, "step", "optimizer"),
     (embeddings.EmbeddingStore, "forward", "embed forward"),
     (embedding_rows._CachedRows, "lookup", "  lookup"),
     (cache_prefetch.PrefetchThread, "take", "    take the prefetched lookup (waits for it)"),
