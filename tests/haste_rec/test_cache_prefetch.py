@@ -127,3 +127,16 @@ def test_probes_between_steps_leave_the_prefetch_exact():
     prefetched = session_trajectory(KNOBS | {"embedding_cache_prefetch": True}, steps=8, probe_every=2)
     assert prefetched[:3] == plain[:3]
     assert prefetched[3]["cache_prefetched"] == 7
+
+
+def test_the_prepared_lookup_counts_as_a_banked_step():
+    """While the other side of a measurement runs its block, the prefetch thread prepares this side's next lookup:
+    like a batch the loader built meanwhile, the first step of the next block would take it for free, so the
+    timed window first runs one more step untimed (``targets.worker.banked_steps``)."""
+    def session(knobs):
+        req = WorkerRequest(target="haste-rec", size="tiny", mode="bench", config=knobs, device="cpu")
+        return build_session(req, open_device(req), None)[3]
+    plain, ahead = session(KNOBS), session(KNOBS | {"embedding_cache_prefetch": True})
+    plain.step()
+    ahead.step()
+    assert ahead.banked_steps == plain.banked_steps + 1
