@@ -69,13 +69,16 @@ def test_embedding_settings_follow_the_baseline_trajectory(device, overrides, nu
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_cache_settings_are_exact_among_cached_runs(device):
-    """Cache size, plan, eviction, the index's place and the overlap (decisions on a side stream on CUDA, write-backs
-    from a worker thread) only move rows, or move them at other times: bitwise the same as device + fused."""
+    """Cache size, plan, eviction, the index's place, the overlap (decisions on a side stream on CUDA, write-backs
+    from a worker thread) and the prefetch (the next lookup on a thread, a batch held ahead of loader workers'
+    shared slots) only move rows, or move them at other times: bitwise the same as device + fused."""
     reference, _ = train({"embedding_grad_mode": "fused"}, device)
     for extra in ({"embedding_cache_fraction": 0.2}, {"embedding_cache_fraction": 0.6, "embedding_eviction": "lfu",
                                                      "embedding_cache_plan": "planned"},
                   {"embedding_cache_fraction": 0.2, "embedding_cache_index": "device", "embedding_cache_overlap": True,
-                   "pack_batches": True, "pin_memory": True}):
+                   "pack_batches": True, "pin_memory": True},
+                  {"embedding_cache_fraction": 0.2, "embedding_cache_index": "device", "embedding_cache_overlap": True,
+                   "embedding_cache_prefetch": True, "pack_batches": True, "data_workers": 2}):
         losses, _ = train({"embedding_placement": "cached", "embedding_grad_mode": "fused", **extra}, device)
         assert losses == reference
 
