@@ -1,8 +1,8 @@
 """Where a cached-placement step's host time goes: the step and each part of the embedding store's work, timed on
 the host (perf_counter around each part, inclusive of what it calls; no synchronisation added), on the real
 session a worker builds. The step itself is timed both ways: until `step()` returns (host) and until the device
-has finished (wall), so a host-bound step shows host close to wall. With embedding_cache_prefetch the lookup is
-prepared on the prefetch thread: its parts are then that thread's time, beside the step's, not in it.
+has finished (wall), so a host-bound step shows host close to wall. Each part is listed per thread: with
+embedding_cache_prefetch the lookup is prepared on the prefetch thread (``cache-prefetch``), beside the step.
 
 At `large-cached` the best configuration found so far ran 13.99 ms of host work in a 14.93 ms profiled step,
 7.09 of it in `embed` while the device ran 1.40 there (H200, session 27's profile): which parts of the cache's
@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import statistics
+import threading
 import time
 import tomllib
 from collections import defaultdict
@@ -29,7 +30,7 @@ from targets.haste_rec import dense_graph, optimizers, shared_slot_rows, table_c
 from targets.worker import build_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
 
-SPENT: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # label -> [seconds, calls]
+SPENT: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])  # (label, thread) -> [seconds, calls]
 
 # (owner, attribute, label): the parts of a cached step, outermost first. Module functions are patched where their
 # callers look them up.
@@ -70,7 +71,7 @@ def _timed(fn, label):
         try:
             return fn(*args, **kwargs)
         finally:
-            spent = SPENT[label]
+            spent = SPENT[label, threading.current_thread().name.split("_")[0]]
             spent[0] += time.perf_counter() - start
             spent[1] += 1
     return wrapper
@@ -130,12 +131,12 @@ def main() -> None:
     print(f"{args.size} on {device}, config {json.dumps(config, sort_keys=True)}; built in {built:.1f} s")
     print(f"step, synchronised each: host {1e3 * statistics.median(host):.2f} ms, wall {1e3 * statistics.median(wall):.2f}"
           f" ms (medians of {args.steps}); back to back: {1e3 * chained:.2f} ms a step (mean of {args.steps})")
-    print("\n| part | ms / step (host, inclusive) | calls / step |\n|---|---|---|")
+    print("\n| part | thread | ms / step (host, inclusive) | calls / step |\n|---|---|---|---|")
     for _, _, label in PARTS:
-        if label in SPENT:
-            seconds, calls = SPENT[label]
-            print(f"| {label.replace(' ', chr(160), len(label) - len(label.lstrip()))} "
-                  f"| {1e3 * seconds / (2 * args.steps):.3f} | {calls / (2 * args.steps):.1f} |")
+        for (name, thread), (seconds, calls) in SPENT.items():
+            if name == label:
+                print(f"| {label.replace(' ', chr(160), len(label) - len(label.lstrip()))} | {thread} "
+                      f"| {1e3 * seconds / (2 * args.steps):.3f} | {calls / (2 * args.steps):.1f} |")
 
 
 if __name__ == "__main__":
