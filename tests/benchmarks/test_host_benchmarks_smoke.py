@@ -1,5 +1,5 @@
-"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py and cache_steady.py at small
-sizes: each runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
+"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py, cache_steady.py and embed_host.py
+at small sizes: each runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def test_cache_steady_times_the_prepares_of_full_or_filling_caches():
     out = _run("benchmarks/cache_steady.py", "--size", "small", "--batches", "2", "--max-warm", "40", "--threads", "1")
     assert out.count("a step's two prepares: median") == 2 and "bookkeeping on cpu" in out
     assert "the weights' prepare again" in out and "a later worker reads and adopts them" in out
+
+
+def test_embed_host_lists_a_prefetching_steps_parts_per_thread():
+    out = _run("benchmarks/embed_host.py", "--size", "tiny", "--set", "embedding_placement=cached", "--set",
+               "embedding_grad_mode=fused", "--set", "embedding_cache_prefetch=true", "--steps", "3", "--warmup", "1")
+    assert out.count("step, synchronised each: host") == 1
+    rows = [line.split("|")[1:4] for line in out.splitlines() if line.startswith("| ") and "ms / step" not in line]
+    threads = {label.strip(): thread.strip() for label, thread, _ in rows}
+    assert threads["step"] == "MainThread" and threads["take the prefetched lookup (waits for it)"] == "MainThread"
+    assert threads["decide (_assign)"] == "cache-prefetch" and threads["prepare"] == "cache-prefetch"
