@@ -25,7 +25,8 @@ from collections import defaultdict
 
 import torch
 
-from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache, row_ops, session as session_mod
+from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache
+from targets.haste_rec import session as session_mod
 from targets.haste_rec import dense_graph, optimizers, shared_slot_rows, table_caches
 from targets.worker import build_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
@@ -129,7 +130,8 @@ def main() -> None:
     sync_device(device)
     chained = (time.perf_counter() - back_to_back) / args.steps
     print(f"{args.size} on {device}, config {json.dumps(config, sort_keys=True)}; built in {built:.1f} s")
-    print(f"step, synchronised each: host {1e3 * statistics.median(host):.2f} ms, wall {1e3 * statistics.median(wall):.2f}"
+    print(f"step, synchronised each: host {1e3 * statistics.median(host):.2f} ms, "
+          f"wall {1e3 * statistics.median(wall):.2f}"
           f" ms (medians of {args.steps}); back to back: {1e3 * chained:.2f} ms a step (mean of {args.steps})")
     print("\n| part | thread | ms / step (host, inclusive) | calls / step |\n|---|---|---|---|")
     for _, _, label in PARTS:
