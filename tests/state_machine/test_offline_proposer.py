@@ -302,12 +302,14 @@ S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h20
 def test_the_session_13_large_run_stopped_one_candidate_short_of_pinned_prefetch(state, ctx):
     """Replayed on the real profile of the session-13 `large` run after its last win (#10, the host-and-device
     pair) with all 15 of its candidates: its 16 minutes ended where the pinned prefetch came next (accepted at
-    0.810 in session 8's x13.36 run), then the fused and foreach optimizers. Cheaper candidates reach them."""
+    0.810 in session 8's x13.36 run), then the fused and foreach optimizers. Cheaper candidates reach them. Since
+    session 30 the fused optimizer answers the step's launch/host-bound finding too (its optimizer launches), and
+    comes just before the pinned prefetch (it was part of session 26's winning bundle at `large`)."""
     at = replayed(state, ctx, "h200_large_s13_after_10.json", "large", {}, S13_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
-    assert [p.proposer for p in proposals[:3]] == ["offline:pinned-prefetch", "offline:fused-optimizer",
+    assert [p.proposer for p in proposals[:3]] == ["offline:fused-optimizer-launches", "offline:pinned-prefetch",
                                                    "offline:foreach-optimizer"]
-    assert proposals[0].patch == {"pin_memory": True, "prefetch_to_device": True}
+    assert proposals[1].patch == {"pin_memory": True, "prefetch_to_device": True}
 
 
 XL_HISTORY = [  # the first xl run on an H200 (2026-11-30, session 14), its 13 decided candidates
