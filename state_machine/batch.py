@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from state_machine import nodes
 from state_machine.context import RunContext
 from state_machine.lanes import lanes_of, on_lanes
-from state_machine.state import Candidate, RunState, Verdict
+from state_machine.state import Candidate, RunState, Verdict, rejected
 
 
 def _as_current(state: RunState, cand: Candidate, **fields: Any) -> RunState:
@@ -41,7 +41,7 @@ def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
         one = one.model_copy(update=nodes.check(one, ctx))
         if one.current_verdict is None and one.current_digest in digests:
             twin = digests[one.current_digest]
-            one = one.model_copy(update=nodes._reject("check", f"a duplicate of candidate #{twin}"))
+            one = one.model_copy(update=rejected("check", f"a duplicate of candidate #{twin}"))
         if one.current_verdict is None:
             digests[one.current_digest] = cand.id
         out.append(one)

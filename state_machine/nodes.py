@@ -27,15 +27,14 @@ from state_machine.specs import (baseline_request, candidate_config, candidate_k
                                  config_digest, incumbent_request, numerics_class, write_json)
 from state_machine.steady_profile import expected_step_ms, steadiest_profile
 from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
-                                 RunState, Verdict)
+                                 RunState, Verdict, rejected)
 from state_machine.time_budget import out_of_time, own_s
+from state_machine.validation import validate  # noqa: F401 (a node: graph and batch call nodes.validate)
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
-from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.started_ahead import PrestartKey, discard, prestart, prestart_key
+from validators.started_ahead import discard, prestart_key
 from validators.timing_worker import note_footprint
-from validators.kernel import validate_kernel_file
-from validators.numerics import calibrate_reorder, compare
+from validators.numerics import calibrate_reorder
 from validators.source import check_source
 from validators.confirmation import confirm_win
 from validators.speedup import ABResult, CalibrationFailed, measure_ab
@@ -45,24 +44,13 @@ PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
 TIMEOUT_FACTOR = 8.0      # a candidate's worker may take this many times the baseline's before it is killed
 MAX_LLM_FAILURES = 3      # consecutive failed proposals before the run stops
-# Pairs of timing workers started during a candidate's validation: the first measurement's and a spare for the one
-# after it, where memory allows (``started_ahead.prestart``).
-PRESTARTED_PAIRS = 2
-
-
-def _dir(state: RunState, *parts: str) -> Path:
-    return Path(state.run_dir).joinpath(*parts)
-
-
-def _failure_text(result: WorkerResult) -> str:
-    return f"{result.failure.kind}: {result.failure.message}" if result.failure else "unknown failure"
 
 
 # ----------------------------------------------------------------------------- setup and baseline
 
 def setup(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Check the request against the target before any worker starts; a bad one stops the run."""
-    _dir(state, "candidates").mkdir(parents=True, exist_ok=True)
+    state.path("candidates").mkdir(parents=True, exist_ok=True)
     try:
         ctx.target.check_size(state.size)
         ctx.target.knob_space.resolve(state.baseline_config)
@@ -77,25 +65,25 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
     start, plan = time.monotonic(), state.plan
     numerics = run_worker(baseline_request(state, "numerics"), timeout_s=plan.timeout_s)
     if not numerics.ok:
-        return {"stop_reason": f"error: the baseline failed its numerics run ({_failure_text(numerics)})"}
-    numerics_file = write_json(_dir(state, "baseline", "numerics.json"), numerics)
+        return {"stop_reason": f"error: the baseline failed its numerics run ({numerics.failure_text()})"}
+    numerics_file = write_json(state.path("baseline", "numerics.json"), numerics)
     reordered = run_worker(baseline_request(state, "numerics").model_copy(update={"reassociate": True}),
                            timeout_s=plan.timeout_s)
     if not reordered.ok:
-        return {"stop_reason": f"error: the baseline failed its reassociated numerics run ({_failure_text(reordered)})"}
+        return {"stop_reason": f"error: the baseline failed its reassociated numerics run ({reordered.failure_text()})"}
     reorder = calibrate_reorder(numerics.numerics, reordered.numerics)
-    write_json(_dir(state, "baseline", "reorder_calibration.json"), {"calibration": reorder.model_dump(),
+    write_json(state.path("baseline", "reorder_calibration.json"), {"calibration": reorder.model_dump(),
                                                                       "result": reordered.model_dump()})
     quality = None
     if state.allow_model_changes:
         result = run_worker(baseline_request(state, "quality", plan.quality_steps or 0), timeout_s=plan.timeout_s)
         if not result.ok:
-            return {"stop_reason": f"error: the baseline failed its quality run ({_failure_text(result)})"}
+            return {"stop_reason": f"error: the baseline failed its quality run ({result.failure_text()})"}
         quality = result.quality.metrics
     if plan.block_steps is None:
         probe = run_worker(baseline_request(state, "bench", steps=PROBE_STEPS), timeout_s=plan.timeout_s)
         if not probe.ok:
-            return {"stop_reason": f"error: the baseline failed to run ({_failure_text(probe)})"}
+            return {"stop_reason": f"error: the baseline failed to run ({probe.failure_text()})"}
         note_footprint(probe.memory)  # a timing worker's: the first calibration's spare pair may start
         step_s = statistics.median(probe.bench.step_s)
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
@@ -105,7 +93,7 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
                                    plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
-    calibration = write_json(_dir(state, "baseline", "calibration.json"), noise)
+    calibration = write_json(state.path("baseline", "calibration.json"), noise)
     longest = max([numerics.wall_s] + [run.wall_s for run in noise.runs])
     plan = plan.model_copy(update={"timeout_s": min(plan.timeout_s, max(plan.min_timeout_s,
                                                                           TIMEOUT_FACTOR * longest)), **lanes})
@@ -137,7 +125,7 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
     except CalibrationFailed as exc:
         ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
         return {}
-    path = write_json(_dir(state, "candidates", f"{cid:03d}", "calibration.json"), noise)
+    path = write_json(state.path("candidates", f"{cid:03d}", "calibration.json"), noise)
     record = Recalibration(after_candidate=cid, step_ms=noise.step_ms, noise_floor=noise.floor,
                            calibration_file=path)
     ctx.event(state.run_dir, "recalibrate", after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
@@ -164,9 +152,9 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
                   reason=f"its steps ran x{slowdown:.2f} slower without the profiler than measured; profiled again")
     expected = expected_step_ms(state, updates.get("recalibrations", state.recalibrations))
     result = steadiest_profile(lambda: run_profile(req, timeout_s=state.plan.timeout_s), expected, disturbed)
-    path = write_json(_dir(state, "profiles", f"{len(state.profiles):02d}.json"), result)
+    path = write_json(state.path("profiles", f"{len(state.profiles):02d}.json"), result)
     if not result.ok:
-        ctx.event(state.run_dir, "diagnose-failed", reason=_failure_text(result))
+        ctx.event(state.run_dir, "diagnose-failed", reason=result.failure_text())
         return {**updates, "findings": [], "profiles": state.profiles + [path]}
     ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]],
               distorted=result.coarse.distortion_note() if result.coarse is not None else None)
@@ -186,7 +174,7 @@ def limit_reason(state: RunState, profile_next: bool = False) -> str | None:
 def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
     files = {}
     for slot, source in proposal.kernel_sources.items():
-        path = _dir(state, "candidates", f"{cid:03d}", "kernels", f"{slot}.py")
+        path = state.path("candidates", f"{cid:03d}", "kernels", f"{slot}.py")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source, encoding="utf-8")
         files[slot] = str(path)
@@ -239,11 +227,7 @@ def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
             "current_numerics_class": None}
 
 
-# ----------------------------------------------------------------------------- check, validate, measure
-
-def _reject(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
-    return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
-
+# ----------------------------------------------------------------- check and measure (validate: validation.py)
 
 def _coerce_patch(ctx: RunContext, patch: dict[str, Any]) -> dict[str, Any]:
     space = ctx.target.knob_space
@@ -255,122 +239,41 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Static checks: allowed kind, knob names, values and constraints, kernel source safety, duplicates."""
     cand, space = state.current, ctx.target.knob_space
     if cand.kind not in ctx.policy.kinds:
-        return _reject("check", f"tier {ctx.policy.tier} does not allow {cand.kind} candidates")
+        return rejected("check", f"tier {ctx.policy.tier} does not allow {cand.kind} candidates")
     if not cand.patch and not cand.kernels:
-        return _reject("check", "the candidate changes nothing")
+        return rejected("check", "the candidate changes nothing")
     try:
         patch = _coerce_patch(ctx, cand.patch)
         resolved = space.resolve({**state.incumbent.config, **patch})
         if ctx.target.check_config is not None and state.ranks == 1 and state.data is None:
             ctx.target.check_config(resolved, state.size)  # what would fail its build, before a worker starts
     except ConfigError as exc:
-        return _reject("check", str(exc))
+        return rejected("check", str(exc))
     cand = cand.model_copy(update={"patch": patch})
     current = space.resolve(state.incumbent.config)
     settings = [n for n in patch if space[n].user_setting and resolved[n] != current[n]]
     if settings:
-        return _reject("check", f"{', '.join(settings)} is the user's own setting (a limit), not a tuning knob")
+        return rejected("check", f"{', '.join(settings)} is the user's own setting (a limit), not a tuning knob")
     model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != current[n]]
     if model_knobs and not state.allow_model_changes:
-        return _reject("check", f"{', '.join(model_knobs)} change the model (numerics class model); "
+        return rejected("check", f"{', '.join(model_knobs)} change the model (numerics class model); "
                                 "pass --allow-model-changes to allow that")
     for slot_name, path in cand.kernels.items():
         try:
             ctx.target.slot(slot_name)
         except ConfigError as exc:
-            return _reject("check", str(exc))
+            return rejected("check", str(exc))
         verdict = check_source(Path(path).read_text(encoding="utf-8"), slot_name)
         if not verdict.ok:
-            return _reject("check", verdict.message)
+            return rejected("check", verdict.message)
     kernels = candidate_kernels(state, cand)
     digest = config_digest(resolved, kernels)
     seen = {e.digest: f"candidate #{e.candidate.id}" for e in state.history if e.digest}
     seen[config_digest(current, state.incumbent.kernels)] = "the incumbent"
     if digest in seen:
-        return _reject("check", f"a duplicate of {seen[digest]}")
+        return rejected("check", f"a duplicate of {seen[digest]}")
     return {"current": cand, "current_digest": digest,
             "current_numerics_class": numerics_class(state, space, resolved, kernels)}
-
-
-def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[str, Any] | None:
-    """Each replaced slot against its torch reference, in a subprocess, on inputs drawn fresh now."""
-    for slot_name, path in cand.kernels.items():
-        for dtype in state.plan.kernel_dtypes:
-            verdict = validate_kernel_file(state.target, slot_name, path, state.device, dtype, state.plan.timeout_s)
-            write_json(_dir(state, "candidates", f"{cand.id:03d}", f"kernel-{slot_name}-{dtype}.json"), verdict)
-            if not verdict.ok:
-                return _reject("validate", f"kernel {slot_name} ({dtype}) failed its {verdict.check} check: "
-                                           f"{verdict.reason}")
-    return None
-
-
-def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """Kernels against their references, then the training trajectory against the baseline's. On a GPU the
-    candidate's timing workers start meanwhile (``started_ahead.prestart``), unless another lane's timing needs the
-    machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
-    rejected candidate's are killed."""
-    cand = state.current
-    if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
-        return rejected
-    ahead = None
-    if state.lane is None or state.plan.concurrent_timing:
-        ahead = prestart(incumbent_request(state, "bench"), candidate_request(state, cand, "bench"),
-                         state.plan.timeout_s, pairs=PRESTARTED_PAIRS if state.lane is None else 1)
-    updates = _numerics_verdict(state, ctx, ahead)
-    if updates["current_verdict"] is not None and ahead is not None:
-        discard(ahead)
-    return updates
-
-
-def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahead: PrestartKey | None) -> WorkerResult:
-    """The candidate's numerics (or quality) run; one that fails beside workers started ahead runs once more
-    without them (it may have run out of device memory beside their builds), unless it ran out of time: their
-    builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
-    double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run).
-    Nor is a config error tried again: the config says it, not the machine (12 of the first 24 TPE trials at
-    large-cached on an H200, 2026-12-04, asked for more device memory than the embedding budget, each twice).
-    A failed try is kept in the candidate's folder (``<mode>_failed*.json``), with the stacks a hung worker left."""
-    folder = _dir(state, "candidates", f"{state.current.id:03d}")
-    result = run_worker(request, timeout_s=state.plan.timeout_s)
-    if not result.ok:
-        write_json(folder / f"{request.mode}_failed.json", result)
-    if not result.ok and ahead is not None and result.failure.kind not in ("timeout", "config"):
-        ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
-                  reason=result.failure.message)
-        discard(ahead)
-        result = run_worker(request, timeout_s=state.plan.timeout_s)
-        if not result.ok:
-            write_json(folder / f"{request.mode}_failed_again.json", result)
-    return result
-
-
-def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | None) -> dict[str, Any]:
-    cand, cls = state.current, state.current_numerics_class
-    folder = _dir(state, "candidates", f"{cand.id:03d}")
-    base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
-    if cls == "model":
-        request = candidate_request(state, cand, "quality", state.plan.quality_steps or 0)
-        result = _numerics_run(state, ctx, request, ahead)
-        if not result.ok:
-            return _reject("validate", f"the candidate's quality run failed ({_failure_text(result)})",
-                           numerics_class=cls)
-        # Under class model only the quality metrics are compared (the trajectories may differ by design).
-        verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
-                          quality_candidate=result.quality.metrics)
-    else:
-        result = _numerics_run(state, ctx, candidate_request(state, cand, "numerics"), ahead)
-        if not result.ok:
-            return _reject("validate", f"the candidate's numerics run failed ({_failure_text(result)})",
-                           numerics_class=cls)
-        verdict = compare(base.numerics, result.numerics, cls, reorder=state.baseline.reorder)
-    path = write_json(folder / "numerics.json", {"verdict": verdict.model_dump(), "result": result.model_dump()})
-    if not verdict.ok:
-        return _reject("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,
-                       numerics_detail=verdict.detail, artifacts={"numerics": path})
-    ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail,
-              wall_s=result.wall_s, build_s=result.build_s,
-              stage_s=result.numerics.stage_s if result.numerics is not None else {})
-    return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
 
 
 class IncumbentFailed(RuntimeError):
@@ -387,7 +290,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
                                plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
     discard(prestart_key(incumbent, candidate))  # a spare pair no measurement came to
-    path = write_json(_dir(state, "candidates", f"{cand.id:03d}", "ab.json"), confirmation)
+    path = write_json(state.path("candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
     fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
                   ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high, step_ms=last.step_ms("b"),
@@ -398,7 +301,7 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
                               f"({last.failure.kind}: {last.failure.message}); the run stopped with #{cand.id} "
                               f"undecided (details in {path}): resume it with --resume once the cause is fixed")
     if last.failure is not None:
-        return _reject("measure", f"the candidate failed while timed ({last.failure.kind}: {last.failure.message})",
+        return rejected("measure", f"the candidate failed while timed ({last.failure.kind}: {last.failure.message})",
                        **fields)
     return {"current_verdict": Verdict(accepted=confirmation.accepted, stage="measure",
                                        reason=confirmation.reason, **fields)}
@@ -440,9 +343,9 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         note = result.note
         if len(runs) > 1:
             for run, name in zip(runs, ("final_ab_disturbed.json", "final_ab_repeat.json")):
-                write_json(_dir(state, name), run)
+                write_json(state.path(name), run)
             note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
-        path = write_json(_dir(state, "final_ab.json"), result)
+        path = write_json(state.path("final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note)
     finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})

@@ -10,6 +10,7 @@ so a checkpoint stays small and a report can be rebuilt from the directory alone
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -115,6 +116,10 @@ class Verdict(BaseModel):
     artifacts: dict[str, str] = Field(default_factory=dict, description="name -> file in the run directory")
     wall_s: float = 0.0
 
+
+def rejected(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
+    """The state update that rejects the current candidate at `stage`."""
+    return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
 
 class Evaluated(BaseModel):
     candidate: Candidate
@@ -228,6 +233,10 @@ class RunState(BaseModel):
     stop_reason: str | None = None
     final: FinalMeasurement | None = None
     report_files: list[str] = Field(default_factory=list)
+
+    def path(self, *parts: str) -> Path:
+        """A file or folder under the run directory."""
+        return Path(self.run_dir).joinpath(*parts)
 
     def spent_in(self, node: str, seconds: float) -> dict[str, Any]:
         """The updates that book `seconds` more of wall time to `node`: the run's total, the node's and its longest

@@ -106,6 +106,10 @@ class RunResult(BaseModel):
     process_s: float = Field(0.0, description="seconds from the process's spawn to its exit, as its parent saw "
                                               "them (the interpreter's start and imports included)")
 
+    def failure_text(self) -> str:
+        """``kind: message`` of its failure, for a sentence."""
+        return f"{self.failure.kind}: {self.failure.message}" if self.failure else "unknown failure"
+
 
 class WorkerResult(RunResult):
     version: int = WORKER_SCHEMA_VERSION

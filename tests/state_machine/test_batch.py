@@ -18,7 +18,7 @@ from sg_opt.run_store import RunRequest
 from state_machine import batch, graph, lanes, nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.lanes import plan_lanes
-from state_machine.state import Baseline, Candidate, Incumbent, Limits, RunState, Verdict
+from state_machine.state import Baseline, Candidate, Incumbent, Limits, RunState, Verdict, rejected
 from targets.registry import resolve_target
 from targets.worker_client import device_env
 from targets.worker_protocol import WorkerRequest
@@ -59,7 +59,7 @@ def test_the_fastest_winner_of_a_batch_alone_becomes_the_incumbent(tmp_path, mon
         active.remove(state.current.id)
         lanes_seen[state.current.id] = (state.lane.gpus, threading.current_thread().name)
         if ratios[state.current.id] is None:
-            return nodes._reject("validate", "numerics broken")
+            return rejected("validate", "numerics broken")
         return {"current_verdict": None}
 
     def measure(state, _ctx):

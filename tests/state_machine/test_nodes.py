@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from profilers.records import ProfileResult
-from state_machine import nodes
+from state_machine import nodes, validation
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
 from state_machine.state import Evaluated, Limits, RunState, Verdict, loosest
@@ -292,12 +292,13 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
     calls = []
-    monkeypatch.setattr(nodes, "prestart", lambda a, b, timeout_s, pairs: calls.append(("prestart", b.config, pairs))
-                        or "key")
-    monkeypatch.setattr(nodes, "discard", lambda key: calls.append(("discard", key)))
+    monkeypatch.setattr(validation, "prestart", lambda a, b, timeout_s, pairs: calls.append(("prestart", b.config,
+                                                                                             pairs)) or "key")
+    monkeypatch.setattr(validation, "discard", lambda key: calls.append(("discard", key)))
     failed = WorkerResult(ok=False, target="haste-rec", size="tiny", mode="numerics",
                           failure=Failure(kind=kind, message="it failed"))
-    monkeypatch.setattr(nodes, "run_worker", lambda request, timeout_s: calls.append(("run", request.mode)) or failed)
+    monkeypatch.setattr(validation, "run_worker", lambda request, timeout_s: calls.append(("run", request.mode))
+                        or failed)
     base_file = tmp_path / "numerics.json"
     base_file.write_text(WorkerResult(ok=True, target="haste-rec", size="tiny", mode="numerics").model_dump_json())
     one = state.model_copy(update={

@@ -1,0 +1,105 @@
+"""The validate node: a candidate's replaced kernels against their references, then its training trajectory (or,
+under class model, its quality) against the baseline's, while its timing workers start on a GPU.
+
+Split from ``nodes`` (one function per node) because validation is the node with most of its own work: the
+numerics run, its retry without the workers started ahead, and the verdict. ``nodes.validate`` is this one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from state_machine.context import RunContext
+from state_machine.specs import candidate_request, incumbent_request, write_json
+from state_machine.state import Candidate, RunState, rejected
+from targets.worker_client import run_worker
+from targets.worker_protocol import WorkerRequest, WorkerResult
+from validators.kernel import validate_kernel_file
+from validators.numerics import compare
+from validators.started_ahead import PrestartKey, discard, prestart
+
+# Pairs of timing workers started during a candidate's validation: the first measurement's and a spare for the one
+# after it, where memory allows (``started_ahead.prestart``).
+PRESTARTED_PAIRS = 2
+
+
+def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[str, Any] | None:
+    """Each replaced slot against its torch reference, in a subprocess, on inputs drawn fresh now."""
+    for slot_name, path in cand.kernels.items():
+        for dtype in state.plan.kernel_dtypes:
+            verdict = validate_kernel_file(state.target, slot_name, path, state.device, dtype, state.plan.timeout_s)
+            write_json(state.path("candidates", f"{cand.id:03d}", f"kernel-{slot_name}-{dtype}.json"), verdict)
+            if not verdict.ok:
+                return rejected("validate", f"kernel {slot_name} ({dtype}) failed its {verdict.check} check: "
+                                           f"{verdict.reason}")
+    return None
+
+
+def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
+    """Kernels against their references, then the training trajectory against the baseline's. On a GPU the
+    candidate's timing workers start meanwhile (``started_ahead.prestart``), unless another lane's timing needs the
+    machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
+    rejected candidate's are killed."""
+    cand = state.current
+    if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
+        return rejected
+    ahead = None
+    if state.lane is None or state.plan.concurrent_timing:
+        ahead = prestart(incumbent_request(state, "bench"), candidate_request(state, cand, "bench"),
+                         state.plan.timeout_s, pairs=PRESTARTED_PAIRS if state.lane is None else 1)
+    updates = _numerics_verdict(state, ctx, ahead)
+    if updates["current_verdict"] is not None and ahead is not None:
+        discard(ahead)
+    return updates
+
+
+def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahead: PrestartKey | None) -> WorkerResult:
+    """The candidate's numerics (or quality) run; one that fails beside workers started ahead runs once more
+    without them (it may have run out of device memory beside their builds), unless it ran out of time: their
+    builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
+    double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run).
+    Nor is a config error tried again: the config says it, not the machine (12 of the first 24 TPE trials at
+    large-cached on an H200, 2026-12-04, asked for more device memory than the embedding budget, each twice).
+    A failed try is kept in the candidate's folder (``<mode>_failed*.json``), with the stacks a hung worker left."""
+    folder = state.path("candidates", f"{state.current.id:03d}")
+    result = run_worker(request, timeout_s=state.plan.timeout_s)
+    if not result.ok:
+        write_json(folder / f"{request.mode}_failed.json", result)
+    if not result.ok and ahead is not None and result.failure.kind not in ("timeout", "config"):
+        ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
+                  reason=result.failure.message)
+        discard(ahead)
+        result = run_worker(request, timeout_s=state.plan.timeout_s)
+        if not result.ok:
+            write_json(folder / f"{request.mode}_failed_again.json", result)
+    return result
+
+
+def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | None) -> dict[str, Any]:
+    cand, cls = state.current, state.current_numerics_class
+    folder = state.path("candidates", f"{cand.id:03d}")
+    base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
+    if cls == "model":
+        request = candidate_request(state, cand, "quality", state.plan.quality_steps or 0)
+        result = _numerics_run(state, ctx, request, ahead)
+        if not result.ok:
+            return rejected("validate", f"the candidate's quality run failed ({result.failure_text()})",
+                           numerics_class=cls)
+        # Under class model only the quality metrics are compared (the trajectories may differ by design).
+        verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
+                          quality_candidate=result.quality.metrics)
+    else:
+        result = _numerics_run(state, ctx, candidate_request(state, cand, "numerics"), ahead)
+        if not result.ok:
+            return rejected("validate", f"the candidate's numerics run failed ({result.failure_text()})",
+                           numerics_class=cls)
+        verdict = compare(base.numerics, result.numerics, cls, reorder=state.baseline.reorder)
+    path = write_json(folder / "numerics.json", {"verdict": verdict.model_dump(), "result": result.model_dump()})
+    if not verdict.ok:
+        return rejected("validate", f"numerics ({cls}) broken: {verdict.detail}", numerics_class=cls,
+                       numerics_detail=verdict.detail, artifacts={"numerics": path})
+    ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail,
+              wall_s=result.wall_s, build_s=result.build_s,
+              stage_s=result.numerics.stage_s if result.numerics is not None else {})
+    return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
