@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
-from validators.machine_pressure import pressure_note
 from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
 from validators.steadiness import block_spread, steadier_of_two
 
@@ -49,7 +48,7 @@ def measured(result: ABResult) -> str:
     line = head + f"; {result.wall_s:.0f} s" + (f", the workers ready after {ready:.0f} s" if ready is not None else "")
     if result.blocks_s:
         line += f", its blocks {result.blocks_s:.0f} s, closing {result.close_s:.0f} s"
-    stalls = pressure_note(result.a.block_pressure + result.b.block_pressure)
+    stalls = result.stalls()
     return line + (f"; {stalls}" if stalls else "")
 
 

@@ -83,6 +83,7 @@ from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_runner import ABRunner
+from validators.machine_pressure import pressure_note
 from validators.started_ahead import discard, prestart
 from validators.timing_worker import Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
@@ -166,6 +167,10 @@ class ABResult(BaseModel):
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
                                                "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
                                                "than asked (measure_ab's settled_below)")
+
+    def stalls(self) -> str | None:
+        """A sentence on what the machine stalled tasks on during its blocks, both sides' (``pressure_note``)."""
+        return pressure_note(self.a.block_pressure + self.b.block_pressure)
 
     def step_ms(self, side: Side) -> float | None:
         """A side's step time in this measurement: the median of its block medians, in ms (None: no blocks)."""

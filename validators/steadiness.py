@@ -7,7 +7,6 @@ import statistics
 from typing import Callable, Sequence
 
 from validators.ab_stats import order_correlation
-from validators.machine_pressure import pressure_note
 from validators.speedup import ABResult
 
 DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
@@ -65,7 +64,7 @@ def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[
     if first.failure is not None or not disturbed(first, first.floor):
         return first, [first]
     repeat = measure(1)
-    stalls = pressure_note(first.a.block_pressure + first.b.block_pressure)
+    stalls = first.stalls()
     said = (f"the first measurement was disturbed (block spread {block_spread(first):.0%}, noise floor "
             f"{first.floor:.3f}{'; ' + stalls if stalls else ''}); it was repeated")
     if repeat.failure is not None:

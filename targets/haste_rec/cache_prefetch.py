@@ -76,12 +76,6 @@ class PrefetchThread:
         if pending is not None:
             pending.result()
 
-    def close(self) -> None:
-        self.drain()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
 
 def _without_grad(fn: Callable[..., Any], *args: Any) -> Any:
     with torch.no_grad():  # grad mode is per thread

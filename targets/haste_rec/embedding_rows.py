@@ -219,7 +219,7 @@ class _CachedRows(_Rows):
         self.chunk = [min(a, b) for a, b in zip(capacities, state_capacities)]
         # prefetch (``cache_prefetch``): the next training batch's lookup prepared on a thread of its own, holding the
         # rows of the last training lookup (`_last`); `_protected` is the lookup the job running or done holds.
-        self.ahead = PrefetchThread(device) if cfg.cache_prefetch else None
+        self.prefetcher = PrefetchThread(device) if cfg.cache_prefetch else None
         self._last: Lookup | None = None
         self._protected: Lookup | None = None
         if self.fused_kernel is not None and not isinstance(self.states, SharedSlotRows):  # the Triton update's map:
@@ -248,14 +248,14 @@ class _CachedRows(_Rows):
     def settle(self) -> None:
         """The caches' metadata to this thread: the prefetch job, if any, finished (its lookup kept for the step that
         takes it, which prepares it again if a prepare since has moved its rows)."""
-        if self.ahead is not None:
-            self.ahead.wait()
+        if self.prefetcher is not None:
+            self.prefetcher.wait()
 
     def prefetch(self, key, ids, offsets, weights) -> None:
         """Start preparing the lookup of the next training batch (`key` names it) on the prefetch thread, holding
         the rows of the last training lookup, whose update is still to come."""
         self._protected = held = self._last
-        self.ahead.submit(key, self._prepared, ids, offsets, weights, True, None if held is None else held.slots)
+        self.prefetcher.submit(key, self._prepared, ids, offsets, weights, True, None if held is None else held.slots)
 
     def _prepared(self, ids, offsets, weights, record, held=None) -> Lookup:
         """The batch's lookup with its rows resident and their slots (``lookup`` without the pooling)."""
@@ -272,7 +272,7 @@ class _CachedRows(_Rows):
 
     def lookup(self, ids, offsets, weights, record, key=None):
         """`key`, given, names the batch: its lookup is taken from the prefetch thread if it prepared it."""
-        lookup = self.ahead.take(key) if self.ahead is not None and key is not None and record else None
+        lookup = self.prefetcher.take(key) if self.prefetcher is not None and key is not None and record else None
         if lookup is None:
             self.settle()
             self._protected = None  # a prepare that holds nothing: no earlier lookup's slots are kept
@@ -294,12 +294,11 @@ class _CachedRows(_Rows):
         riding = isinstance(self.states, SharedSlotRows)
         if not riding and (self.fused_kernel is None or self._round_count(self.params.bounds(lookup.rows)) > 1):
             return super().fused_update(lookup, grad_pooled)
-        if lookup is not self._protected:  # a prefetch holding its rows keeps its slots valid; else any prepare since
-            self.settle()                  # may have moved them (the epoch says)
-        if lookup is self._protected or lookup.slots_epoch == self.params.epoch:
-            param_slots = lookup.slots
-        else:
-            param_slots = self.params.prepare(lookup.rows, record=False)
+        param_slots = lookup.slots  # valid while a prefetch holds its rows, else until a prepare moves them (epoch)
+        if lookup is not self._protected:
+            self.settle()
+            if lookup.slots_epoch != self.params.epoch:
+                param_slots = self.params.prepare(lookup.rows, record=False)
         if self.fused_kernel is None:  # riding: a row's state sits in its weights' slot
             grads = self.row_grads(lookup, grad_pooled)
             sq = grads.pow(2).sum()

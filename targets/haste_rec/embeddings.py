@@ -155,7 +155,7 @@ class EmbeddingStore(nn.Module):
     def prefetches(self) -> bool:
         """Whether the store wants each next training batch ahead (``prefetch_next``): placement cached with
         cache_prefetch."""
-        return isinstance(self._rows, _CachedRows) and self._rows.ahead is not None
+        return isinstance(self._rows, _CachedRows) and self._rows.prefetcher is not None
 
     def prefetch_next(self, batch: Batch | PackedBatch) -> None:
         """The batch the next training step takes: its lookup is prepared on the prefetch thread
@@ -232,8 +232,8 @@ class EmbeddingStore(nn.Module):
         out.update({key: out[f"param_{key}"] for key in ("hits", "misses", "miss_rate")})
         out.update({f"bytes_{way}": sum(out[f"{src}_bytes_{way}"] for src in ("param", "state", "lookup"))
                     for way in ("h2d", "d2h")})
-        if isinstance(self._rows, _CachedRows) and self._rows.ahead is not None:
-            out["cache_prefetched"] = float(self._rows.ahead.taken)
+        if self.prefetches:
+            out["cache_prefetched"] = float(self._rows.prefetcher.taken)
         out.update({"cache_rows": float(sum(self.cache_rows)), "state_cache_rows": float(sum(self.state_cache_rows)),
                     "cache_warm_batches": float(self.warm_batches)})
         out.update({f"cache_rows_t{t}": float(rows) for t, rows in enumerate(self.cache_rows)})
