@@ -17,28 +17,15 @@ from targets.protocol import ConfigError
 from targets.worker import build_session, open_device
 from targets.worker_protocol import WorkerRequest
 from tests.haste_rec.test_cache import one_intra_op_thread  # noqa: F401 (autouse)
-from tests.haste_rec.test_embeddings import (BASE, BATCHES, COUNTS, DEVICES, DIM, MAX_UNIQUE, SEED, STEPS,
-                                             TABLE_ROWS, Trajectory, assert_same, linear_task, train)
+from tests.haste_rec.test_embeddings import (BASE, DEVICES, DIM, MAX_UNIQUE, SEED, STEPS, TABLE_ROWS, Trajectory,
+                                             assert_same, train)
 
 
 def train_prefetching(cfg, device: torch.device) -> Trajectory:
-    """``test_embeddings.train`` as the session drives a prefetching store: each step hands it the next batch."""
-    store = EmbeddingStore(TABLE_ROWS, DIM, cfg, device, SEED, access_counts=COUNTS, max_unique_per_batch=MAX_UNIQUE)
-    assert store.prefetches
-    head, target = linear_task(device)
-    losses, grad_sq = [], []
-    for step in range(STEPS):
-        store.zero_grad()
-        if step + 1 < STEPS:
-            store.prefetch_next(BATCHES[step + 1])
-        loss = (store(BATCHES[step]) @ head - target).pow(2).mean()
-        loss.backward()
-        losses.append(float(loss.detach()))
-        grad_sq.append(store.grad_sq_norm())
-        store.optimizer_step()
-    counters = store.counters()
-    assert counters["cache_prefetched"] == STEPS - 1  # every step but the first took its lookup from the thread
-    return Trajectory(losses, grad_sq, store.full_tables(), store.full_optimizer_states(), counters)
+    """``test_embeddings.train``, which hands a prefetching store each next batch as the session does."""
+    trajectory = train(cfg, device)
+    assert trajectory.counters["cache_prefetched"] == STEPS - 1  # every step but the first took its lookup from it
+    return trajectory
 
 
 @pytest.mark.parametrize("device", DEVICES, ids=str)
@@ -94,11 +81,16 @@ def test_the_cache_floor_is_two_batches_with_prefetch():
     assert ahead.cache_rows == [min(2 * u, rows) for u, rows in zip(MAX_UNIQUE, TABLE_ROWS)]
 
 
+def tiny_session(knobs: dict):
+    """A tiny trainer session on the CPU, built as a worker builds it."""
+    req = WorkerRequest(target="haste-rec", size="tiny", mode="bench", config=knobs, device="cpu")
+    return build_session(req, open_device(req), None)[3]
+
+
 def session_trajectory(knobs: dict, steps: int = 6, probe_every: int = 0) -> tuple[list[float], list, dict, dict]:
     """Losses, probes (every `probe_every` steps, between them, as a numerics run reads them), the final parameter
     digest and counters of a tiny session on the CPU."""
-    req = WorkerRequest(target="haste-rec", size="tiny", mode="bench", config=knobs, device="cpu")
-    _, _, _, session = build_session(req, open_device(req), None)
+    session = tiny_session(knobs)
     losses, probes = [], []
     for step in range(steps):
         losses.append(float(session.step()))
@@ -133,10 +125,7 @@ def test_the_prepared_lookup_counts_as_a_banked_step():
     """While the other side of a measurement runs its block, the prefetch thread prepares this side's next lookup:
     like a batch the loader built meanwhile, the first step of the next block would take it for free, so the
     timed window first runs one more step untimed (``targets.worker.banked_steps``)."""
-    def session(knobs):
-        req = WorkerRequest(target="haste-rec", size="tiny", mode="bench", config=knobs, device="cpu")
-        return build_session(req, open_device(req), None)[3]
-    plain, ahead = session(KNOBS), session(KNOBS | {"embedding_cache_prefetch": True})
+    plain, ahead = tiny_session(KNOBS), tiny_session(KNOBS | {"embedding_cache_prefetch": True})
     plain.step()
     ahead.step()
     assert ahead.banked_steps == plain.banked_steps + 1

@@ -49,13 +49,17 @@ def linear_task(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(cfg: EmbeddingConfig, device: torch.device, batches_per_step: int = 1) -> Trajectory:
-    """STEPS // batches_per_step optimizer steps of pooled -> fixed linear -> MSE."""
+    """STEPS // batches_per_step optimizer steps of pooled -> fixed linear -> MSE. A store that prefetches
+    (cache_prefetch) is handed each next batch before a lookup, as the trainer's session does."""
     store = EmbeddingStore(TABLE_ROWS, DIM, cfg, device, SEED, access_counts=COUNTS, max_unique_per_batch=MAX_UNIQUE)
     head, target = linear_task(device)
     losses, grad_sq = [], []
     for step in range(STEPS // batches_per_step):
         store.zero_grad()
-        for batch in BATCHES[step * batches_per_step:(step + 1) * batches_per_step]:
+        for index in range(step * batches_per_step, (step + 1) * batches_per_step):
+            batch = BATCHES[index]
+            if store.prefetches and index + 1 < len(BATCHES):
+                store.prefetch_next(BATCHES[index + 1])
             pooled = store(batch)
             assert pooled.shape == (BATCH, len(TABLE_ROWS) * DIM) and pooled.device.type == device.type
             loss = (pooled @ head - target).pow(2).mean()
