@@ -20,7 +20,6 @@ import json
 import statistics
 import threading
 import time
-import tomllib
 from collections import defaultdict
 
 import torch
@@ -28,6 +27,8 @@ import torch
 from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache
 from targets.haste_rec import session as session_mod
 from targets.haste_rec import dense_graph, optimizers, shared_slot_rows, table_caches
+from sg_opt.config import build_overrides
+from targets.registry import resolve_target
 from targets.worker import build_session, open_device, sync_device
 from targets.worker_protocol import WorkerRequest
 
@@ -83,20 +84,6 @@ def instrument() -> None:
         setattr(owner, name, _timed(getattr(owner, name), label))
 
 
-def read_config(path: str | None, sets: list[str]) -> dict:
-    config = {}
-    if path:
-        with open(path, "rb") as f:
-            config.update(tomllib.load(f).get("knobs", {}))
-    for item in sets:
-        knob, _, value = item.partition("=")
-        try:
-            config[knob] = json.loads(value)
-        except json.JSONDecodeError:
-            config[knob] = value
-    return config
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
@@ -106,7 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args()
-    config = read_config(args.config, args.set)
+    config = build_overrides(resolve_target("haste-rec").knob_space, args.config, args.set)
     req = WorkerRequest(target="haste-rec", size=args.size, mode="bench", config=config, device=args.device)
     device = open_device(req)
     instrument()
