@@ -32,6 +32,7 @@ def inputs(target: str, size: str, config: str | None, sets: list[str], data: st
         resolved.check_size(size)
         resolved.check_ranks(ranks)
         overrides = build_overrides(resolved.knob_space, config, sets)
+        resolved.knob_space.check_ranks(resolved.knob_space.resolve(overrides), ranks)
         if data is not None and not resolved.data_formats:
             raise ConfigError(f"target {resolved.name} reads no data files; drop --data")
         if data is not None and not Path(data).is_file():

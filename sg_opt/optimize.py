@@ -63,7 +63,7 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     target.check_size(request.size)
     target.check_ranks(request.ranks)
     check_gpus(request.gpus, request.ranks, request.device)
-    target.knob_space.resolve(request.config)
+    target.knob_space.check_ranks(target.knob_space.resolve(request.config), request.ranks)
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
     check_search(request.search, tier.name)

@@ -245,6 +245,7 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     try:
         patch = _coerce_patch(ctx, cand.patch)
         resolved = space.resolve({**state.incumbent.config, **patch})
+        space.check_ranks(resolved, state.ranks)
         if ctx.target.check_config is not None and state.ranks == 1 and state.data is None:
             ctx.target.check_config(resolved, state.size)  # what would fail its build, before a worker starts
     except ConfigError as exc:

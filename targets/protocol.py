@@ -53,6 +53,7 @@ class Knob:
     active_when: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (knob, values): it has an effect only then
     user_setting: bool = False  # a limit of the user's environment (e.g. a memory budget): never tuned
     value_numerics: tuple[tuple[Any, NumericsClass], ...] = ()  # (value, class): values that promise otherwise
+    single_process: tuple[Any, ...] = ()  # values a run on several ranks has no path for: refused there
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -60,8 +61,10 @@ class Knob:
         for numerics in (self.numerics, *(numerics for _, numerics in self.value_numerics)):
             if numerics not in NUMERICS_CLASSES:
                 raise ValueError(f"knob {self.name}: unknown numerics class {numerics!r}")
-        for value in (self.default, *(value for value, _ in self.value_numerics)):
+        for value in (self.default, *(value for value, _ in self.value_numerics), *self.single_process):
             self.validate(value)
+        if self.default in self.single_process:
+            raise ValueError(f"knob {self.name}: its default must run on several ranks")
 
     def numerics_of(self, value: Any) -> NumericsClass:
         """The numerics class a change to `value` promises: the knob's, unless value_numerics names the value."""
@@ -76,12 +79,19 @@ class Knob:
         """Whether the knob has any effect under a resolved config (a tile size of an unused kernel has none)."""
         return all(config.get(name) in values for name, values in self.active_when)
 
-    def domain(self) -> str:
-        """The domain as a short human-readable string."""
-        if self.kind == "bool":
-            return "true | false"
-        if self.choices:
-            return " | ".join(str(c) for c in self.choices)
+    def runs_on(self, value: Any, ranks: int) -> bool:
+        """Whether a run on `ranks` processes has a path for this value (``single_process``)."""
+        return ranks == 1 or value not in self.single_process
+
+    def values(self, ranks: int = 1) -> tuple[Any, ...]:
+        """The values of a bool or choice knob that a run on `ranks` processes can take (empty for a range)."""
+        values = (True, False) if self.kind == "bool" else self.choices
+        return tuple(v for v in values if self.runs_on(v, ranks))
+
+    def domain(self, ranks: int = 1) -> str:
+        """The domain as a short human-readable string (what a run on `ranks` processes can take)."""
+        if self.kind == "bool" or self.choices:
+            return " | ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in self.values(ranks))
         return f"[{self.low}, {self.high}]"
 
     def validate(self, value: Any) -> Any:
@@ -132,6 +142,7 @@ class Knob:
             "name": self.name, "kind": self.kind, "default": self.default, "domain": self.domain(),
             "category": self.category, "numerics": self.numerics, "why": self.why,
             "choices": list(self.choices), "low": self.low, "high": self.high,
+            "single_process": list(self.single_process),
         }
 
 
@@ -178,9 +189,20 @@ class KnobSpace:
         return config
 
     def tunable(self, ranks: int = 1) -> list[Knob]:
-        """The knobs a proposer may change: all but the user's own settings (limits such as budgets), and
-        the distributed knobs (a sharding plan) only for a run on several ranks: one process ignores them."""
-        return [knob for knob in self if not knob.user_setting and (ranks > 1 or knob.category != "distributed")]
+        """The knobs a proposer may change: all but the user's own settings (limits such as budgets), the
+        distributed knobs (a sharding plan) only for a run on several ranks: one process ignores them, and on
+        several ranks no knob left with a single value there (``Knob.single_process``)."""
+        return [knob for knob in self if not knob.user_setting and (ranks > 1 or knob.category != "distributed")
+                and (ranks == 1 or not knob.single_process or len(knob.values(ranks)) > 1)]
+
+    def check_ranks(self, config: Mapping[str, Any], ranks: int) -> None:
+        """A ConfigError naming the first value of a resolved config that a run on `ranks` processes has no path
+        for (``Knob.single_process``), rather than a run that would quietly measure something else; a
+        torch.distributed session checks itself so whatever its world size (``ranks`` 2 or more)."""
+        for knob in self:
+            if not knob.runs_on(config[knob.name], ranks):
+                raise ConfigError(f"{knob.name} = {config[knob.name]!r} runs on one process only, not in a "
+                                  f"torch.distributed job (--ranks); there it takes {knob.domain(ranks)}")
 
     def diff(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of a config that differ from the defaults."""

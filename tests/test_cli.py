@@ -101,6 +101,8 @@ def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times(monkeypatch):
 @pytest.mark.parametrize("args,words", [
     (["--ranks", "0"], "ranks must be at least 1, not 0"),
     (["--ranks", "2", "--target", "tests.fixtures.faulty_target:target"], "runs on one process only"),
+    (["--ranks", "2", "--set", "pack_batches=true"], "pack_batches = True runs on one process only, not in a "
+                                                      "torch.distributed job (--ranks); there it takes false"),
 ])
 def test_bench_bad_ranks_is_one_sentence_exit_2(args, words):
     result = runner.invoke(app, ["bench", "--size", "tiny", *args], env={"COLUMNS": "200"})

@@ -59,7 +59,7 @@ def _knob_lines(space: KnobSpace, state: RunState) -> list[str]:
     for knob in space.tunable(state.ranks):
         if knob.numerics == "model" and not state.allow_model_changes:
             continue
-        lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain()}; "
+        lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain(state.ranks)}; "
                      f"numerics {knob.numerics_text()}; {knob.category}): {knob.why}")
     return lines
 

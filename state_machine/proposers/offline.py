@@ -256,6 +256,8 @@ def _applicable(space: KnobSpace, state: RunState, current: Mapping[str, Any], p
         return False
     if not all(space[name].is_active(patched) for name in patch):  # a knob that does nothing there
         return False
+    if not all(space[name].runs_on(value, state.ranks) for name, value in patch.items()):  # one process only
+        return False
     changes = {k: v for k, v in patch.items() if current[k] != v}
     if not changes:
         return False
@@ -289,12 +291,6 @@ def _rule_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) 
                        rationale=f"{rule.why}; triggered by {trigger.category}: {trigger.evidence}")
 
 
-def _values(knob: Knob) -> tuple[Any, ...]:
-    if knob.kind == "bool":
-        return (True, False)
-    return knob.choices
-
-
 def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding]) -> Iterator[Proposal]:
     """One proposal per sweep value; a finding's sweep shares GENERIC_PLAUSIBILITY among its values (a blind
     sweep of n values holds one winner at best), so a big finding's long sweep does not go before the rules
@@ -305,7 +301,7 @@ def _generic_proposals(state: RunState, space: KnobSpace, findings: list[Finding
     for finding in findings or [None]:
         categories = CATEGORY_KNOBS.get(finding.category, ()) if finding else tuple({k.category for k in space})
         values = [(knob, value) for knob in space.tunable(state.ranks)
-                  if knob.category in categories and knob.is_active(current) for value in _values(knob)
+                  if knob.category in categories and knob.is_active(current) for value in knob.values(state.ranks)
                   if _sweepable(knob, value, current, device, past)]
         for knob, value in values:
             yield Proposal(kind="knob", patch={knob.name: value}, proposer="offline:sweep",

@@ -46,16 +46,17 @@ def searched_knobs(space: KnobSpace, allow_model_changes: bool, ranks: int = 1) 
             and (k.kind == "bool" or k.choices or (k.low is not None and k.high is not None))]
 
 
-def distributions(knobs: list[Knob]) -> dict[str, Any]:
-    """Optuna distributions of the knobs' domains: choices and bools categorical, numbers ranges."""
+def distributions(knobs: list[Knob], ranks: int = 1) -> dict[str, Any]:
+    """Optuna distributions of the knobs' domains on `ranks` processes: choices and bools categorical (the values
+    such a run can take), numbers ranges."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     out: dict[str, Any] = {}
     for knob in knobs:
         if knob.kind == "bool":
-            out[knob.name] = CategoricalDistribution([False, True])
+            out[knob.name] = CategoricalDistribution([v for v in (False, True) if knob.runs_on(v, ranks)])
         elif knob.choices:
-            out[knob.name] = CategoricalDistribution(list(knob.choices))
+            out[knob.name] = CategoricalDistribution(list(knob.values(ranks)))
         elif knob.kind == "int":
             out[knob.name] = IntDistribution(int(knob.low), int(knob.high))
         else:
@@ -102,7 +103,7 @@ def rebuild_study(state: RunState, space: KnobSpace, seen: list | None = None):
     """An in-memory study holding every observation as a completed trial, and its distributions."""
     optuna = require_optuna()
     seen = observations(state, space) if seen is None else seen
-    dists = distributions(searched_knobs(space, state.allow_model_changes, state.ranks))
+    dists = distributions(searched_knobs(space, state.allow_model_changes, state.ranks), state.ranks)
     sampler = optuna.samplers.TPESampler(seed=state.seed + len(state.history))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     for config, value, _ in seen:

@@ -38,7 +38,9 @@ KNOBS = (
          why="torch: autograd through gather+einsum, simple and obviously right; slots: the tail's forward and "
              "backward products as replaceable kernel slots (torch references unless a kernel replaces them); "
              "triton: the slots as Triton gather-GEMM kernels, deterministic; triton-fused-loss: also fuses the "
-             "tail's BCE loss and all its gradients into one pass, so the B x L logits are never written"),
+             "tail's BCE loss and all its gradients into one pass, so the B x L logits are never written (one "
+             "process only)",
+         single_process=("triton-fused-loss",)),
     Knob("tail_block_b", "choice", "auto", category="kernel", numerics="reorder", choices=("auto", 16, 32, 64, 128),
          why="batch rows per tile of the Triton tail kernels (tl.dot's M): larger tiles reuse each group's weights "
              "more but hold more registers; it sets the chunking of the weight-gradient sums (auto: a fixed shape rule)",
@@ -113,8 +115,9 @@ KNOBS = (
     Knob("embedding_cache_prefetch", "bool", False, category="embedding", numerics="exact",
          why="placement cached: prepare the next batch's cache lookup (slot decisions, gathers of missed rows from "
              "the host tables, their copies in) on a thread of its own while the current step runs, holding the "
-             "current batch's rows so that none is evicted before its update; every row keeps its value",
-         active_when=(("embedding_placement", ("cached",)),)),
+             "current batch's rows so that none is evicted before its update; every row keeps its value (one "
+             "process only: a sharded run learns its batch's rows from the input exchange)",
+         active_when=(("embedding_placement", ("cached",)),), single_process=(True,)),
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),
@@ -135,8 +138,9 @@ KNOBS = (
     Knob("pack_batches", "bool", False, category="data", numerics="exact",
          why="the loader flattens each batch's sparse features into the embedding store's shared row space and "
              "packs the batch into one byte buffer: one pin, hand-over and copy instead of one per "
-             "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process; a "
-             "sharded run exchanges per-table ids and ignores it)"),
+             "table's tensor (55 at 26 tables), and no per-table adds in the embed phase (one process only: a "
+             "sharded run exchanges per-table ids)",
+         single_process=(True,)),
     Knob("host_threads", "choice", "auto", category="host", numerics="reorder", choices=HOST_THREADS,
          why="the trainer's intra-op CPU threads: the worker's count (torch's own on a CPU run, at most 16 beside a "
              "GPU), half or a quarter of it. A team with a thread on every CPU stalls at each parallel op's end "
@@ -148,7 +152,9 @@ KNOBS = (
          active_when=(("tail_backend", ("triton-fused-loss",)), ("precision", ("fp32", "bf16")),
                       ("compile_encoder", (False,))),
          why="replay the encoder, head, fused tail and losses, forward and backward, as CUDA graphs: one launch "
-             "per phase where a host-bound step launched dozens (CUDA only; captured again after each rewire)"),
+             "per phase where a host-bound step launched dozens (CUDA only, one process only; captured again after "
+             "each rewire)",
+         single_process=(True,)),
     Knob("optimizer_impl", "choice", "default", category="kernel", numerics="reorder",
          choices=("default", "for-loop", "foreach", "fused"),
          why="default lets torch pick; foreach batches parameter updates; fused runs Adam/SGD as one kernel per group"),

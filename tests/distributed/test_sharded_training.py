@@ -179,7 +179,12 @@ def test_a_failed_rank_fails_the_job_instead_of_hanging_it(tmp_path, fault, time
     assert not out.exists()
 
 
-def test_an_unknown_sharding_scheme_is_one_sentence_and_exit_status_2():
-    done, _ = torchrun("--steps", "1", "--set", "embedding_sharding=column-wise", timeout=60)
+@pytest.mark.parametrize("setting,sentence", [
+    ("embedding_sharding=column-wise", "error: knob embedding_sharding must be one of table-wise | row-wise, "
+                                       "not 'column-wise'"),
+    ("pack_batches=true", "error: pack_batches = True runs on one process only, not in a torch.distributed job"),
+])
+def test_an_unknown_sharding_scheme_or_a_single_process_knob_is_one_sentence_and_exit_status_2(setting, sentence):
+    done, _ = torchrun("--steps", "1", "--set", setting, timeout=60)
     assert done.returncode != 0 and "exitcode  : 2" in done.stderr
-    assert "error: knob embedding_sharding must be one of table-wise | row-wise, not 'column-wise'" in done.stderr
+    assert sentence in done.stderr

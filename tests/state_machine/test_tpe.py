@@ -167,3 +167,11 @@ def test_the_report_says_why_a_tpe_runs_incumbent_has_no_profile(state, tmp_path
     notes: list[str] = []
     assert _profiles(accepted, tmp_path, notes) == []
     assert notes == ["the TPE search does not profile each new incumbent: it reads no findings (nodes.diagnose)"]
+
+
+def test_on_several_ranks_tpe_samples_only_what_a_ranked_run_can_take():
+    from state_machine.proposers.tpe import distributions
+    knobs = [Knob("backend", "choice", "torch", why="t", category="kernel", numerics="reorder",
+                  choices=("torch", "triton", "fused"), single_process=("fused",))]
+    assert distributions(knobs, 2)["backend"].choices == ("torch", "triton")
+    assert distributions(knobs, 1)["backend"].choices == ("torch", "triton", "fused")

@@ -22,6 +22,12 @@ EMBEDDING_SHARDINGS = KNOB_SPACE["embedding_sharding"].choices
 TAIL_SHARDINGS = KNOB_SPACE["tail_sharding"].choices
 
 
+def check_ranked_config(config) -> None:
+    """A ConfigError for a knob value this torch.distributed path has none for (``Knob.single_process``), on any
+    world size: one sentence before training, not a run that quietly measures without it."""
+    KNOB_SPACE.check_ranks(config, ranks=2)
+
+
 @dataclass(frozen=True)
 class ShardingPlan:
     """Table t lives on rank t % world_size (table-wise), or each rank holds a block of every table's

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from targets.haste_rec.batch import Batch
 from targets.haste_rec.distributed.dense import build_tower, data_parallel
 from targets.haste_rec.distributed.exchange import all_gather_padded
-from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, sample_counts
+from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, check_ranked_config, sample_counts
 from targets.haste_rec.distributed.process_group import RankContext
 from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings,
                                                              TableWiseEmbeddings)
@@ -51,12 +51,10 @@ from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.session import HasteRecSession, loader_first
 from targets.haste_rec.sizes import HasteRecSize
 from targets.digest import sq_norm
-from targets.protocol import ConfigError, PhaseTimer
+from targets.protocol import PhaseTimer
 
 PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail_dist", "tail", "loss", "backward",
           "optimizer", "loss_sync")
-UNSUPPORTED = {("tail_backend", "triton-fused-loss"): "the fused tail loss does not run under torch.distributed "
-                                                      "yet: use tail_backend torch, slots or triton"}
 
 
 class ShardedSession:
@@ -79,23 +77,23 @@ class ShardedSession:
 
     def __init__(self, data, size: HasteRecSize, config: Mapping[str, Any], kernels: Mapping[str, Callable],
                  plan: ShardingPlan, ctx: RankContext, seed: int):
-        for (knob, value), why in UNSUPPORTED.items():
-            if config[knob] == value:
-                raise ConfigError(f"{knob} {value}: {why}")
+        check_ranked_config(config)
         self.data, self.size, self.config, self.plan, self.ctx = data, size, dict(config), plan, ctx
         self.device = ctx.device
         self.batch_size = size.batch_size  # the global batch
         self.samples = sample_counts(size.batch_size, ctx.world_size)
         self.timer = PhaseTimer(self.device)
         start = sum(self.samples[:ctx.rank])
-        # The loader first (see loader_first); unpacked, as the sharded exchange takes per-table bags.
-        self.batches = loader_first(RankSamples(data, start, start + self.samples[ctx.rank]), size,
-                                    {**config, "pack_batches": False}, self.device)
+        # The loader first (see loader_first); unpacked (pack_batches is single-process): the exchange takes
+        # per-table bags.
+        self.batches = loader_first(RankSamples(data, start, start + self.samples[ctx.rank]), size, config,
+                                    self.device)
         self.embeddings = self._build_embeddings(data, size, config, seed)
         self.tail = LabelGroupTail.join(plan, ctx) if plan.tail_sharding == "label-groups" else None
         self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer, self.tail)
         self.ddp = data_parallel(self.model, self.device)
         self.autocast = config["precision"] == "bf16-autocast"
+        torch.set_float32_matmul_precision(config["matmul_precision"])  # as the single-process session
         self.optimizers = Optimizers.build(self.model, size.hidden, config, seed)
         out = self.model.output
         self.record_grad_norms = False
