@@ -26,7 +26,7 @@ import torch
 
 from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache
 from targets.haste_rec import session as session_mod
-from targets.haste_rec import dense_graph, optimizers, shared_slot_rows, table_caches
+from targets.haste_rec import dense_graph, optimizers, table_caches
 from sg_opt.config import build_overrides
 from targets.registry import resolve_target
 from targets.worker import build_session, open_device, sync_device
@@ -52,9 +52,8 @@ PARTS = [
     (table_caches.TableCaches, "prepare", "    prepare"),
     (table_caches.TableCaches, "_assign", "      decide (_assign)"),
     (row_cache.RowMoves, "rows_on_host", "      moved ids to the host"),
-    (table_caches.TableCaches, "move", "      move weights"),
-    (shared_slot_rows.SharedSlotRows, "move", "      move state"),
-    (row_cache, "gather_to_device", "        host gather + copy"),
+    (table_caches, "move_rows_together", "      move rows (weights and state at once)"),
+    (row_cache, "gather_together", "        host gather + copy"),
     (cache_overlap.WriteBehind, "wait", "        wait write-behind"),
     (cache_overlap.WriteBehind, "submit", "        submit write-back"),
     (cache_overlap.CacheStream, "hand_over", "    hand over"),

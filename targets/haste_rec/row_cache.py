@@ -19,6 +19,7 @@ the store is pinned).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -75,11 +76,19 @@ def gather_to_device(host: torch.Tensor, index: torch.Tensor, device: torch.devi
     The staging buffer comes from torch's caching host allocator, which does not hand a block out
     again before the asynchronous copy reading it has finished, so reusing it is safe.
     """
-    if not pinned:
-        return flat_rows(host).index_select(0, index).view(-1, *host.shape[1:]).to(device)
-    staged = torch.empty((index.numel(), *host.shape[1:]), dtype=host.dtype, pin_memory=True)
-    torch.index_select(flat_rows(host), 0, index, out=flat_rows(staged))
-    return staged.to(device, non_blocking=True)
+    return gather_together([host], index, device, pinned)[0]
+
+
+def gather_together(hosts: Sequence[torch.Tensor], index: torch.Tensor, device: torch.device,
+                    pinned: bool) -> list[torch.Tensor]:
+    """host[index] on `device` for every host array of one dtype, gathered into one staging buffer (pinned
+    with `pinned`) that crosses in one copy; views of it on the device."""
+    shapes = [(index.numel(), *host.shape[1:]) for host in hosts]
+    sizes = [math.prod(shape) for shape in shapes]
+    staged = torch.empty(sum(sizes), dtype=hosts[0].dtype, pin_memory=pinned)
+    for host, part in zip(hosts, _unpacked_sizes(staged, shapes, sizes)):
+        torch.index_select(flat_rows(host), 0, index, out=flat_rows(part))
+    return _unpacked_sizes(staged.to(device, non_blocking=pinned), shapes, sizes)
 
 
 @dataclass
@@ -104,32 +113,71 @@ class RowMoves:
 
 def move_rows(host_rows: torch.Tensor, device_rows: torch.Tensor, moves: RowMoves, device: torch.device,
               pinned: bool, behind: WriteBehind | None = None) -> None:
-    """Carry out `moves`: every write-back first (one read-back from the device, the only wait), then every
-    load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
+    """Carry out `moves` on one array's rows (``move_rows_together``)."""
+    move_rows_together([(host_rows, device_rows)], moves, device, pinned, behind)
+
+
+def move_rows_together(arrays: Sequence[tuple[torch.Tensor, torch.Tensor]], moves: RowMoves, device: torch.device,
+                       pinned: bool, behind: WriteBehind | None = None) -> None:
+    """Carry out `moves` on every (host rows, device rows) array of `arrays` (the weights and the Adagrad state
+    that rides in their slots): every write-back first (one read-back from the device, the only wait), then
+    every load (one gather into a pinned buffer and one copy). A victim's slot is read before it is overwritten;
     written-back and loaded host rows are disjoint (a row is either cached or missing).
 
+    Arrays of one dtype cross the bus together, packed into one buffer (``_packed``): one slot copy, one
+    staging buffer and one transfer each way, not one per array. The prefetch thread moved the weights' rows in
+    1.95 ms and the state's, a 128th of the bytes, in 0.84 ms a step, most of it per-call work (H200,
+    ``benchmarks/embed_host.py``, session 30).
+
     With `behind` (``cache_overlap.WriteBehind``) nothing waits for the device: the victims' values go to a
-    page-locked buffer without blocking and the worker writes them into `host_rows` once they have arrived;
-    the gather first waits for this table's earlier write-backs, whose rows it may load again."""
+    page-locked buffer without blocking and the worker writes them into the host rows once they have arrived;
+    the gather first waits for each array's earlier write-backs, whose rows it may load again."""
+    if len({host.dtype for host, _ in arrays}) > 1:
+        for array in arrays:  # arrays of several dtypes do not pack: one at a time
+            move_rows_together([array], moves, device, pinned, behind)
+        return
     moves = moves.rows_on_host()
     if behind is not None:
-        behind.wait(host_rows)
+        for host_rows, _ in arrays:
+            behind.wait(host_rows)
         pinned = should_pin(True, device)  # copies that must not wait go through page-locked buffers
+    hosts, devices = [host for host, _ in arrays], [rows for _, rows in arrays]
     if moves.back_slots.numel():
-        values = device_rows.index_select(0, to_device(moves.back_slots, device, pinned))
+        slots = to_device(moves.back_slots, device, pinned)
+        values = [rows.index_select(0, slots) for rows in devices]
         if behind is None:
-            flat_rows(host_rows).index_copy_(0, moves.back_rows, flat_rows(to_host(values, pinned)))
+            for host_rows, value in zip(hosts, _unpacked(to_host(_packed(values), pinned), values)):
+                flat_rows(host_rows).index_copy_(0, moves.back_rows, flat_rows(value))
         else:
-            staged = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinned)
-            staged.copy_(values, non_blocking=True)
+            packed = _packed(values)
+            staged = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=pinned)
+            staged.copy_(packed, non_blocking=True)
             copied = None
-            if values.is_cuda:
+            if packed.is_cuda:
                 copied = torch.cuda.Event()
                 copied.record()
-            behind.submit(host_rows, moves.back_rows, staged, copied)
+            for host_rows, value in zip(hosts, _unpacked(staged, values)):
+                behind.submit(host_rows, moves.back_rows, value, copied)
     if moves.load_rows.numel():
-        loaded = gather_to_device(host_rows, moves.load_rows, device, pinned)
-        device_rows.index_copy_(0, to_device(moves.load_slots, device, pinned), loaded)
+        loaded = gather_together(hosts, moves.load_rows, device, pinned)
+        slots = to_device(moves.load_slots, device, pinned)
+        for rows, values in zip(devices, loaded):
+            rows.index_copy_(0, slots, values)
+
+
+def _packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Contiguous row arrays of one dtype as one flat buffer (a flat view of the one array, when only one)."""
+    return tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unpacked(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of `flat` (``_packed(like)`` or a copy of it) shaped as `like`."""
+    return _unpacked_sizes(flat, [t.shape for t in like], [t.numel() for t in like])
+
+
+def _unpacked_sizes(flat: torch.Tensor, shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[torch.Tensor]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [flat[start:start + size].view(shape) for start, size, shape in zip(starts, sizes, shapes)]
 
 
 _NO_ROWS = torch.zeros(0, dtype=torch.int64)

@@ -1,14 +1,15 @@
 """A second host array's rows (the optimizer state) riding in the slots a ``TableCaches`` gives the same rows.
 
 Equal capacities and eviction make equal decisions, so one set of bookkeeping a step serves the weights and
-their Adagrad state; only the bytes move twice (``TableCaches.prepare`` moves its riders with its own rows).
+their Adagrad state; only the bytes are its own (``TableCaches.prepare`` moves its riders' rows with its own, in
+one transfer each way).
 """
 
 from __future__ import annotations
 
 import torch
 
-from targets.haste_rec.row_cache import RowMoves, move_rows, to_device
+from targets.haste_rec.row_cache import RowMoves, to_device
 from targets.haste_rec.table_caches import TableCaches, load_occupied, write_back_occupied
 
 
@@ -43,10 +44,10 @@ class SharedSlotRows:
         self.stream.hand_over(slots)
         return to_device(slots, self.device, self.pinned)
 
-    def move(self, moves: RowMoves) -> None:
+    def count(self, moves: RowMoves) -> None:
+        """These rows' traffic for `moves` (the leader moves them with its own: ``move_rows_together``)."""
         self.bytes_d2h += moves.back_rows.numel() * self.row_bytes
         self.bytes_h2d += moves.load_rows.numel() * self.row_bytes
-        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
 
     def replay(self, unique_rows: torch.Tensor) -> None:
         """Nothing to decide: the leader's replay places these rows too."""

@@ -30,7 +30,8 @@ import torch
 
 from targets.haste_rec.cache_overlap import CacheStream, WriteBehind
 from targets.haste_rec.embedding_config import CPU
-from targets.haste_rec.row_cache import CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, should_pin, to_device
+from targets.haste_rec.row_cache import (CLOCK_BITS, EVICTIONS, NEVER, RowMoves, move_rows, move_rows_together,
+                                         should_pin, to_device)
 from targets.protocol import ConfigError
 
 if TYPE_CHECKING:
@@ -124,13 +125,12 @@ class TableCaches:
         self.stream.hand_over(slots, *([] if moves is None else [moves.back_slots, moves.load_slots]))
         if moves is not None:
             self.epoch += bool(moves.back_slots.numel())
-            self.move(moves)
             for rider in self.riders:
-                rider.move(moves)
+                rider.count(moves)
+            move_rows_together([(self.host_rows, self.device_rows)] + [(r.host_rows, r.device_rows)
+                                                                       for r in self.riders],
+                               moves, self.device, self.pinned, self.behind)
         return to_device(slots, self.device, self.pinned)
-
-    def move(self, moves: RowMoves) -> None:
-        move_rows(self.host_rows, self.device_rows, moves, self.device, self.pinned, self.behind)
 
     def settle(self) -> None:
         """Metadata and host rows as every earlier prepare left them (``cache_overlap``): before the step's stream

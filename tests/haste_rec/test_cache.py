@@ -391,3 +391,31 @@ def test_a_cache_index_on_the_device_decides_as_one_on_the_host(eviction, capaci
         states[index].flush()
     assert torch.equal(caches[cuda].host_rows, caches[CPU].host_rows)
     assert torch.equal(states[cuda].host_rows, states[CPU].host_rows)
+
+
+@pytest.mark.parametrize("behind", [False, True], ids=["blocking", "write-behind"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.float64], ids=["packed", "apart"])
+def test_arrays_moved_together_end_as_each_moved_alone(behind, state_dtype):
+    """The weights and the state riding in their slots cross in one buffer each way (one dtype) or one after the
+    other (two): either way every host and device row ends as two separate moves leave it."""
+    from targets.haste_rec.cache_overlap import WriteBehind
+    from targets.haste_rec.row_cache import RowMoves, move_rows, move_rows_together
+    gen = torch.Generator().manual_seed(3)
+    arrays = [(torch.randn(12, 3, generator=gen), torch.randn(4, 3, generator=gen)),
+              (torch.randn(12, 1, generator=gen).to(state_dtype), torch.randn(4, 1, generator=gen).to(state_dtype))]
+    moves = RowMoves(rows(5, 2), rows(3, 0), rows(7, 1, 9), rows(3, 0, 2))  # victims read before their slots load
+    alone = [(host.clone(), device.clone()) for host, device in arrays]
+    before = [(host.clone(), device.clone()) for host, device in arrays]
+    writes = [WriteBehind() if behind else None for _ in range(2)]
+    for (host, device), write in zip(alone, writes):
+        move_rows(host, device, moves, CPU, False, write)
+        if write is not None:
+            write.wait()
+    together = WriteBehind() if behind else None
+    move_rows_together(arrays, moves, CPU, False, together)
+    if together is not None:
+        together.wait()
+    for (host, device), (host_alone, device_alone) in zip(arrays, alone):
+        assert torch.equal(host, host_alone) and torch.equal(device, device_alone)
+    for (host, device), (host_before, device_before) in zip(arrays, before):  # the moves really moved rows
+        assert torch.equal(host[5], device_before[3]) and torch.equal(device[3], host_before[7])
