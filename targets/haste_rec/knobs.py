@@ -115,9 +115,9 @@ KNOBS = (
     Knob("embedding_cache_prefetch", "bool", False, category="embedding", numerics="exact",
          why="placement cached: prepare the next batch's cache lookup (slot decisions, gathers of missed rows from "
              "the host tables, their copies in) on a thread of its own while the current step runs, holding the "
-             "current batch's rows so that none is evicted before its update; every row keeps its value (one "
-             "process only: a sharded run learns its batch's rows from the input exchange)",
-         active_when=(("embedding_placement", ("cached",)),), single_process=(True,)),
+             "current batch's rows so that none is evicted before its update; every row keeps its value (on "
+             "several ranks the next batch's input exchange runs a step early, and each owner prepares its rows)",
+         active_when=(("embedding_placement", ("cached",)),)),
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),

@@ -204,8 +204,8 @@ class HasteRecSession:
     def banked_steps(self) -> int:
         """Batches the loader can build ahead of the step, and one more once the embeddings prefetch: the next
         batch's lookup, prepared while the session is not stepping (see targets.worker.banked_steps). The ranked
-        session shares this property and never holds a batch ahead."""
-        return self.batches.depth + int(getattr(self, "_ahead", None) is not None)
+        session shares this property (and its ``_ahead``)."""
+        return self.batches.depth + int(self._ahead is not None)
 
     # -- what the worker reads -----------------------------------------------------------------
     def grad_norms(self) -> dict[str, float]:

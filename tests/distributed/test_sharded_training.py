@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 FUSED = {"embedding_grad_mode": "fused"}
 CACHED_FUSED = {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
+PREFETCHED = {**CACHED_FUSED, "embedding_cache_prefetch": True}
 TABLES_OF_RANKS = {"table-wise": [[0, 2], [1]], "row-wise": [[0, 1, 2], [0, 1, 2]]}  # tiny's 3 tables on 2 ranks
 LABEL_GROUPS = {"tail_sharding": "label-groups", "rewire_every": 4}  # rewired after steps 4, 8 and 12 of the run
 
@@ -106,6 +107,7 @@ def assert_follows(baseline: NumericsData, result: dict) -> None:
 
 TRAJECTORIES = [("table-wise", {}), ("table-wise", FUSED), ("row-wise", {}), ("row-wise", FUSED),
                 ("row-wise", CACHED_FUSED), ("table-wise", LABEL_GROUPS), ("table-wise", {**LABEL_GROUPS, **FUSED})]
+PREFETCH_CASES = [("row-wise", PREFETCHED), ("table-wise", CACHED_FUSED), ("table-wise", PREFETCHED)]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +122,7 @@ def two_at_a_time() -> None:
             pass  # not kept: the case's own test runs it again and fails with its message
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(run, TRAJECTORIES))
+        list(pool.map(run, TRAJECTORIES + PREFETCH_CASES))
 
 
 @pytest.mark.parametrize("sharding,overrides", TRAJECTORIES,
@@ -135,6 +137,16 @@ def test_sharded_training_follows_the_single_process_trajectory(sharding, overri
         assert min(owned) > 0 and owned[0] - owned[1] in (0, 1)
     assert_follows(single_process_numerics(overrides), result)
     assert result["losses"][-1] < 0.1 * result["losses"][0]  # it trains
+
+
+@pytest.mark.parametrize("sharding", ["row-wise", "table-wise"])
+def test_the_cache_prefetch_on_ranks_trains_bit_for_bit_as_without_it(sharding, two_at_a_time):
+    """Each step input-dists the next batch a step early and every owner prepares its lookup ahead (every step but
+    the first takes a prepared one): the decisions differ, the numbers do not."""
+    prefetched = sharded_training(sharding, PREFETCHED)
+    assert [r["counters"]["cache_prefetched"] for r in prefetched["ranks"]] == [STEPS - 1] * 2
+    verdict = compare(numerics_of(sharded_training(sharding, CACHED_FUSED)), numerics_of(prefetched), "exact")
+    assert verdict.ok, verdict.detail
 
 
 @pytest.mark.parametrize("overrides", [{}, FUSED], ids=["dense-table-gradient", "fused-row-update"])

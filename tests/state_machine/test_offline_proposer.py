@@ -449,16 +449,17 @@ def test_a_device_change_hidden_by_the_host_comes_again_after_each_host_side_win
 
 
 def test_on_several_ranks_no_proposal_sets_a_value_the_ranked_run_has_no_path_for(state, ctx):
-    """The same findings on one process propose the fused tail loss, the packed batches and the cache prefetch; a
-    torch.distributed run refuses each (``Knob.single_process``), so on two ranks neither a rule nor the sweep
-    proposes them, and the check node turns one away before any worker starts."""
+    """The same findings on one process propose the fused tail loss and the packed batches; a torch.distributed
+    run refuses both (``Knob.single_process``), so on two ranks neither a rule nor the sweep proposes them, and the
+    check node turns one away before any worker starts. The cache prefetch runs on both."""
     findings = [finding(c, 0.3, 1.5) for c in ("backward", "loss", "data-wait", "embedding-bound", "launch/host-bound")]
     cached = state.model_copy(update={"findings": findings, "device": "cuda", "incumbent": state.incumbent.model_copy(
         update={"config": {"embedding_placement": "cached", "embedding_grad_mode": "fused", "data_workers": 2}})})
     single = {(k, v) for p in propose_offline(cached, ctx, limit=400) for k, v in p.patch.items()}
-    refused = {("tail_backend", "triton-fused-loss"), ("pack_batches", True), ("embedding_cache_prefetch", True)}
-    assert refused <= single
+    refused = {("tail_backend", "triton-fused-loss"), ("pack_batches", True)}
+    assert refused <= single and ("embedding_cache_prefetch", True) in single
     ranked = cached.model_copy(update={"ranks": 2})
-    assert not refused & {(k, v) for p in propose_offline(ranked, ctx, limit=400) for k, v in p.patch.items()}
-    verdict = checked(ranked, ctx, candidate(patch={"embedding_cache_prefetch": True}))["current_verdict"]
+    on_ranks = {(k, v) for p in propose_offline(ranked, ctx, limit=400) for k, v in p.patch.items()}
+    assert not refused & on_ranks and ("embedding_cache_prefetch", True) in on_ranks
+    verdict = checked(ranked, ctx, candidate(patch={"pack_batches": True}))["current_verdict"]
     assert verdict.stage == "check" and "runs on one process only" in verdict.reason

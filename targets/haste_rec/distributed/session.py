@@ -23,6 +23,9 @@ groups, outside DDP, and the dense and loss phases change:
   backward    as above for the encoder and head; the owners' dh of the global batch is reduce-scattered
               (summed) to the samples' ranks; the owned groups' gradients are complete, no all-reduce
   optimizer   as above; SGD and rewiring of the owned groups, each owner its own, as the full layer
+With embedding_cache_prefetch (placement cached) the data phase also takes the next batch, and its input_dist runs
+then, a step early on every rank, so that each owner's store prepares that batch's lookup on its prefetch thread
+while the step runs (TorchRec's pipelined input dist); the next step's embed takes the owned bags exchanged then.
 The probe and the held-out quality are the single-process session's, run on logits that each rank
 computes for its slice of the evaluation batch and all-gathers (under label-groups: the head's for its
 slice, the tail's of its groups for the whole batch, all-gathered by columns). Every method here is
@@ -31,6 +34,7 @@ collective: every rank must call it, in the same order.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Callable, Mapping
 
@@ -50,7 +54,7 @@ from targets.haste_rec.model import cache_plan_inputs, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
 from targets.haste_rec.session import HasteRecSession, loader_first
 from targets.haste_rec.sizes import HasteRecSize
-from targets.digest import sq_norm
+from targets.digest import sequence_digest, sq_norm
 from targets.protocol import PhaseTimer
 
 PHASES = ("data", "input_dist", "embed", "output_dist", "encoder", "head", "tail_dist", "tail", "loss", "backward",
@@ -88,6 +92,7 @@ class ShardedSession:
         # per-table bags.
         self.batches = loader_first(RankSamples(data, start, start + self.samples[ctx.rank]), size, config,
                                     self.device)
+        self._ahead: Batch | None = None  # the next step's batch, taken early for the embeddings' prefetch
         self.embeddings = self._build_embeddings(data, size, config, seed)
         self.tail = LabelGroupTail.join(plan, ctx) if plan.tail_sharding == "label-groups" else None
         self.model = build_tower(data, size, config, kernels, self.device, seed, self.timer, self.tail)
@@ -118,7 +123,10 @@ class ShardedSession:
     def step(self) -> torch.Tensor:
         phase = self.timer
         with phase("data"):
-            batch = next(self.batches)
+            batch = self._ahead if self._ahead is not None else next(self.batches)
+            self._ahead = next(self.batches) if self.embeddings.prefetches else None
+        if self._ahead is not None:  # cache_prefetch: the next batch input-dist'ed now, its lookup prepared ahead
+            self.embeddings.prefetch_next(self._ahead, self.samples)
         with self._cast_context():
             logits = self.ddp(self.embeddings(batch, self.samples), batch.dense, self.samples)
         if self.tail is None:
@@ -176,8 +184,10 @@ class ShardedSession:
         return torch.cat([all_gather_padded(head.float(), counts), all_tail], dim=1)
 
     def param_digest(self) -> dict[str, Any]:
-        """Parameter norms per group. No sha256: the tables never meet in one process, and a sharded run
-        can only match the single-process one in the reorder class anyway."""
+        """Parameter norms per group, and a sha256 over every rank's own parameters (its dense replica, its tables
+        or row blocks, its tail groups and their wiring), in rank order: equal only between runs of one plan on as
+        many ranks, so that a change promising the exact class (loader workers, the cache prefetch) can show it on
+        ranks too. A sharded run matches the single-process one in the reorder class only, never by this."""
         out = self.model.output
         groups = {"encoder": list(self.model.encoder.parameters()), "head": list(out.head_parameters()),
                   "tail": list(out.tail_parameters())}
@@ -185,7 +195,11 @@ class ShardedSession:
         sq_norms["tail"] = self._tail_total(sq_norms["tail"])
         norms = {name: math.sqrt(value) for name, value in sq_norms.items()}
         norms["embeddings"] = math.sqrt(self.embeddings.table_sq_norm())
-        return {"norms": norms}
+        tables = [] if self.embeddings.store is None else self.embeddings.store.current_tables()
+        mine = sequence_digest([p for ps in groups.values() for p in ps] + tables + [out.tail_index])
+        every: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(every, mine)
+        return {"sha256": hashlib.sha256("".join(every).encode()).hexdigest(), "norms": norms}
 
     @property
     def steps_done(self) -> int:

@@ -12,6 +12,7 @@ output dist).
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import torch
@@ -79,15 +80,31 @@ class ShardedEmbeddings(nn.Module):
     dist, store, output dist. The schemes below differ only in how they build the three."""
 
     def __init__(self, store: EmbeddingStore | None, input_dist: Callable, output_dist: Callable,
-                 device: torch.device, phase: Callable):
+                 device: torch.device, phase: Callable, cfg: EmbeddingConfig):
         super().__init__()
         self.store, self.input_dist, self.output_dist = store, input_dist, output_dist
         self.device, self.phase = device, phase
+        # cache_prefetch: every rank alike (a rank that owns no table still takes part in each input dist)
+        self.prefetches = cfg.placement == "cached" and cfg.cache_prefetch
+        self._exchanged: deque[tuple[Batch, Batch]] = deque()  # (batch, its owned bags), input-dist'ed ahead
+
+    def prefetch_next(self, batch: Batch, samples: list[int]) -> None:
+        """The batch the next step takes, input-dist'ed now (a collective: every rank, in the same order), so that
+        its owner's store prepares its lookup on the prefetch thread while this step runs, as the single-process
+        store does (``cache_prefetch``); the next ``forward`` of the same batch takes its owned bags from here."""
+        with self.phase("input_dist"):
+            owned_batch = self.input_dist(batch, samples)
+        self._exchanged.append((batch, owned_batch))
+        if self.store is not None:
+            self.store.prefetch_next(owned_batch)
 
     def forward(self, batch: Batch, samples: list[int]) -> torch.Tensor:
         """`batch` is this rank's slice of a batch split over the ranks as `samples` says (one count per rank)."""
         with self.phase("input_dist"):
-            owned_batch = self.input_dist(batch, samples)
+            if self._exchanged and self._exchanged[0][0] is batch:
+                owned_batch = self._exchanged.popleft()[1]
+            else:
+                owned_batch = self.input_dist(batch, samples)
         with self.phase("embed"):
             pooled = None if self.store is None else self.store(owned_batch)
         with self.phase("output_dist"):
@@ -131,7 +148,7 @@ class TableWiseEmbeddings(ShardedEmbeddings):
         store = OwnedTables(table_rows, owned, dim, cfg, device, seed, access_counts=pick(access_counts),
                             max_unique_per_batch=pick(max_unique_per_batch)) if owned else None
         super().__init__(store, TableWiseInputDist(plan, rank, group, device, weighted),
-                         TableWiseOutputDist(plan, rank, dim, group, device), device, phase)
+                         TableWiseOutputDist(plan, rank, dim, group, device), device, phase, cfg)
 
 
 def _check_blocks_fit_cache(plan: ShardingPlan, table_rows: Sequence[int], cfg: EmbeddingConfig) -> None:
@@ -166,4 +183,4 @@ class RowWiseEmbeddings(ShardedEmbeddings):
         store = OwnedRowBlocks(table_rows, ranges, dim, cfg, device, seed, access_counts=counts,
                                max_unique_per_batch=floors)
         super().__init__(store, RowWiseInputDist(plan, rank, table_rows, group, device, weighted),
-                         RowWiseOutputDist(rank, len(table_rows) * dim, group), device, phase)
+                         RowWiseOutputDist(rank, len(table_rows) * dim, group), device, phase, cfg)
