@@ -296,6 +296,9 @@ def gate(
     set_: list[str] = SET_OPT, data: Optional[str] = DATA_OPT, device: str = DEVICE_OPT,
     ref: Optional[str] = typer.Option(None, "--ref", help="git revision to compare the working tree with (checked "
                                                           "out apart, timed interleaved)"),
+    ref_tree: Optional[str] = typer.Option(None, "--ref-tree", help="a code tree to compare the working tree with, "
+                                                                    "checked out already (e.g. a CI job's base "
+                                                                    "checkout; timed interleaved, as --ref)"),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="compare with figures saved by `sg-opt bench "
                                                                     "--save FILE` (same device only; its target, "
                                                                     "size and config are used)"),
@@ -325,12 +328,12 @@ def gate(
     Example: sg-opt gate --target haste-rec --size tiny --ref origin/main --junit gate.xml
     Example: sg-opt gate --baseline base.json --ranks 2
     """
-    from sg_opt.gate import GateOptions, gate_against_baseline, gate_against_ref
+    from sg_opt.gate import GateOptions, gate_against_baseline, gate_against_ref, gate_against_tree
     from sg_opt.gate_report import render, write_reports
     from targets.worker_protocol import WorkerRequest
 
-    if (ref is None) == (baseline is None):
-        fail("give exactly one of --ref GIT_REV or --baseline FILE")
+    if sum(given is not None for given in (ref, ref_tree, baseline)) != 1:
+        fail("give exactly one of --ref GIT_REV, --ref-tree DIR or --baseline FILE")
     if numerics_class not in ("exact", "reorder", "precision"):
         fail(f"--numerics-class must be exact, reorder or precision, not {numerics_class!r}")
     if blocks % 2:
@@ -349,7 +352,8 @@ def gate(
                 spec = WorkerRequest(target=target, size=size, mode="bench", config=overrides, device=device,
                                      warmup=warmup, threads=threads, ranks=ranks or 1,
                                      data=str(Path(data).resolve()) if data else None)
-                result = gate_against_ref(spec, ref, options, status.update)
+                result = (gate_against_ref(spec, ref, options, status.update) if ref is not None
+                          else gate_against_tree(spec, Path(ref_tree), options, status.update))
         except ConfigError as exc:
             fail(str(exc))
     write_reports(result, junit)

@@ -253,25 +253,37 @@ def _ref_noise(spec: WorkerRequest, root: str, a_label: str, options: GateOption
 def gate_against_ref(spec: WorkerRequest, rev: str, options: GateOptions, progress: Progress = lambda _: None,
                      where: Path | None = None) -> GateResult:
     """Side A = ``rev`` checked out apart, side B = the working tree ``where`` (default: the current folder)."""
-    start, here = time.monotonic(), (where or Path.cwd()).resolve()
+    here = (where or Path.cwd()).resolve()
     repo, commit = resolve_ref(rev, here)
     a_label = f"{rev} ({commit[:12]})" if not commit.startswith(rev) else commit[:12]
-    b_label = _working_tree_label(here)
     with ref_checkout(repo, commit) as tree:
         root = tree / here.relative_to(repo)
         if not root.is_dir():
             raise GateSetupError(f"the folder {here.relative_to(repo)} does not exist at {rev}")
-        roots = (str(root), None)
-        progress(f"numerics fingerprints of {a_label} and the working tree ...")
-        numerics_a, numerics_b = _numerics_pair(spec, options.numerics_steps, roots, options.timeout_s)
-        if not numerics_a.ok:
-            raise GateSetupError(f"the target does not run at {a_label} ({numerics_a.failure.kind}): "
-                                 f"{numerics_a.failure.message}")
-        numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
-        noise, floor_source = _ref_noise(spec, str(root), a_label, options, progress)
-        progress(f"timing {a_label} and the working tree, interleaved ...")
-        ab = measure_ab(spec, spec, options.blocks, options.block_steps, options.timeout_s, a_label, b_label,
-                        floor=noise, roots=roots)
+        return gate_against_tree(spec, root, options, progress, where=here, a_label=a_label)
+
+
+def gate_against_tree(spec: WorkerRequest, root: Path, options: GateOptions, progress: Progress = lambda _: None,
+                      where: Path | None = None, a_label: str | None = None) -> GateResult:
+    """Side A = the code tree at ``root`` (a checkout of the base made by the caller, e.g. a CI job's second
+    checkout, or ``--ref``'s worktree), side B = the working tree ``where``: numerics fingerprints of both, an A/A
+    noise floor on A, then both timed interleaved."""
+    start, here = time.monotonic(), (where or Path.cwd()).resolve()
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise GateSetupError(f"--ref-tree {root} is not a folder")
+    a_label, b_label = a_label or str(root), _working_tree_label(here)
+    roots = (str(root), None)
+    progress(f"numerics fingerprints of {a_label} and the working tree ...")
+    numerics_a, numerics_b = _numerics_pair(spec, options.numerics_steps, roots, options.timeout_s)
+    if not numerics_a.ok:
+        raise GateSetupError(f"the target does not run at {a_label} ({numerics_a.failure.kind}): "
+                             f"{numerics_a.failure.message}")
+    numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
+    noise, floor_source = _ref_noise(spec, str(root), a_label, options, progress)
+    progress(f"timing {a_label} and the working tree, interleaved ...")
+    ab = measure_ab(spec, spec, options.blocks, options.block_steps, options.timeout_s, a_label, b_label,
+                    floor=noise, roots=roots)
     warnings: list[str] = []
     if ab.failure is None:
         medians = [1e3 * statistics.median(side.block_medians) for side in (ab.a, ab.b)]

@@ -151,6 +151,24 @@ def test_injected_slowdown_fails(repo, tmp_path):
     assert failures["numerics"] is None  # a sleep changes no number
 
 
+def test_a_base_tree_checked_out_already_is_compared_as_a_ref(repo, tmp_path):
+    """--ref-tree: the base as a folder (a CI job's second checkout; no git needed), the change uncommitted."""
+    base = tmp_path / "base"
+    base.mkdir()
+    shutil.copy(repo / f"{MODULE}.py", base / f"{MODULE}.py")
+    change(repo / f"{MODULE}.py", SLOWER)
+    result = gate("--ref-tree", str(base), "--floor", "0.1", "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert not report["step_time"]["passed"] and report["numerics"]["passed"]
+    assert report["ab"]["a"]["root"] == str(base.resolve()) and report["ab"]["b"]["root"] is None
+    for args, words in ((("--ref-tree", str(tmp_path / "nowhere")), "is not a folder"),
+                        (("--ref-tree", str(base), "--ref", "HEAD"), "give exactly one of")):
+        result = gate(*args)
+        output = " ".join(result.output.split())  # rich wraps long lines
+        assert result.exit_code == 2 and words in output and "Traceback" not in output
+
+
 def test_changed_math_fails_the_numerics(repo):
     commit_change(repo, OTHER_MATH, "another learning rate")
     result = gate("--ref", "HEAD~1", "--floor", "0.1", "--json")
