@@ -6,7 +6,9 @@
 #   (row_cache.move_rows_together), the prefetch, the overlap, bit for bit;
 # - `sg-opt gate --ref-tree $BASE` at large-cached on session 30's best configuration (prefetch, fused optimizer,
 #   dense graphs): the tree before the joint moves (A) against this one (B), side by side in fresh processes;
-# - benchmarks/embed_host.py on that configuration: where its host time goes now, per thread.
+# - benchmarks/embed_host.py on that configuration: where its host time goes now, per thread;
+# - benchmarks/batch_build.py and loader_handover.py: whether the loader workers' batches (build time over their
+#   number) or the hand-over bound that step's 3 ms data phase (session 30).
 # BASE is a code tree of the commit before the change, made here and carried:
 #   mkdir -p .carry/base && git archive 97b6909 sg_opt profilers state_machine validators targets benchmarks \
 #       pyproject.toml | tar -x -C .carry/base
@@ -28,3 +30,5 @@ run tests 200 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/haste
 run gate 330 python3 -m sg_opt.cli gate --size "$SIZE" --device cuda --config "$CONFIG" --ref-tree "$BASE" \
     --numerics-class exact --blocks 20 --block-steps 40 --json
 run embed_host 120 python3 benchmarks/embed_host.py --size "$SIZE" --device cuda --config "$CONFIG"
+run batch_build 60 python3 benchmarks/batch_build.py --size "$SIZE"
+run loader_handover 90 python3 benchmarks/loader_handover.py --size "$SIZE"

@@ -1,5 +1,5 @@
-"""benchmarks/loader_handover.py, host_adagrad.py, build_cost.py, session_build.py, cache_steady.py and embed_host.py
-at small sizes: each runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
+"""benchmarks/loader_handover.py, batch_build.py, host_adagrad.py, build_cost.py, session_build.py, cache_steady.py
+and embed_host.py at small sizes: each runs and prints its figures (host_adagrad also checks that both forms give the same bits)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def _run(*args: str) -> str:
 def test_loader_handover_times_a_packed_batch_of_one_storage():
     out = _run("benchmarks/loader_handover.py", "--size", "tiny", "--rounds", "1")
     assert "packed (1 storage a batch)" in out and "ms a batch" in out
+
+
+def test_batch_build_times_a_workers_batch_and_what_n_workers_give():
+    out = _run("benchmarks/batch_build.py", "--size", "tiny", "--batches", "2")
+    assert out.startswith("build: ") and "build + pack: " in out and "4 worker(s): a batch every" in out
 
 
 def test_host_adagrad_times_both_forms_and_they_agree():
