@@ -54,6 +54,7 @@ def distributions(knobs: list[Knob], ranks: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for knob in knobs:
         if knob.kind == "bool":
+            # False first, as every study so far was drawn (a resumed oracle rebuilds its study from them)
             out[knob.name] = CategoricalDistribution([v for v in (False, True) if knob.runs_on(v, ranks)])
         elif knob.choices:
             out[knob.name] = CategoricalDistribution(list(knob.values(ranks)))
