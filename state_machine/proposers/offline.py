@@ -139,7 +139,8 @@ CATALOG: tuple[Rule, ...] = (
          "where pageable memory is staged by the driver (at large-cached with host tables, the optimizer phase "
          "waited on the device 26.8 ms of its 52)", devices=("cuda",),
          # with the cache overlap, cached rows cross through page-locked buffers already (cache_overlap): in
-         # sessions 27 and 29 it measured no difference there (0.918, 0.876)
+         # sessions 27 and 29 it measured no difference there (0.918, 0.876). What pinning still changes then is the
+         # batch's copy (blocking from pageable memory): pinned-prefetch's, on the data phase's own finding.
          requires={"embedding_placement": ("host", "cached"), "embedding_cache_overlap": (False,)}),
     Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
          "only pooled vectors cross the bus", requires={"embedding_placement": ("host",)}),  # cached ignores it
