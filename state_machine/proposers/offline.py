@@ -135,13 +135,15 @@ CATALOG: tuple[Rule, ...] = (
     Rule("triton-embeddings", ("embedding-bound",), {"embedding_backend": "triton"}, 0.6,
          "one pooled lookup over all tables in one launch", devices=("cuda",), device_only=True),
     Rule("pinned-row-traffic", ("optimizer", "embedding-bound"), {"pin_memory": True}, 0.6,
-         "host tables' rows and row gradients cross the bus through page-locked buffers: one DMA at bus speed "
-         "where pageable memory is staged by the driver (at large-cached with host tables, the optimizer phase "
-         "waited on the device 26.8 ms of its 52)", devices=("cuda",),
-         # with the cache overlap, cached rows cross through page-locked buffers already (cache_overlap): in
-         # sessions 27 and 29 it measured no difference there (0.918, 0.876). What pinning still changes then is the
-         # batch's copy (blocking from pageable memory): pinned-prefetch's, on the data phase's own finding.
-         requires={"embedding_placement": ("host", "cached"), "embedding_cache_overlap": (False,)}),
+         "host tables' rows and row gradients, and each batch, cross the bus through page-locked buffers: one DMA "
+         "at bus speed where pageable memory is staged by the driver and a batch's copy waits for every kernel "
+         "queued before it (at large-cached with host tables, the optimizer phase waited on the device 26.8 ms of "
+         "its 52)", devices=("cuda",),
+         # Under the cache overlap the cached rows cross through page-locked buffers already; what pinning still
+         # changes is each batch's copy, blocking from pageable memory (torch synchronises the stream after it, so
+         # the host waits for every queued kernel). Sessions 27 and 29 measured it there at 0.918 and 0.876, each
+         # leaning faster under its floor.
+         requires={"embedding_placement": ("host", "cached")}),
     Rule("host-pooling", ("embedding-bound",), {"embedding_pool_on_host": True}, 0.6,
          "only pooled vectors cross the bus", requires={"embedding_placement": ("host",)}),  # cached ignores it
     Rule("device-cache", ("embedding-bound", "optimizer", "data-wait"),
