@@ -84,11 +84,10 @@ def gather_together(hosts: Sequence[torch.Tensor], index: torch.Tensor, device: 
     """host[index] on `device` for every host array of one dtype, gathered into one staging buffer (pinned
     with `pinned`) that crosses in one copy; views of it on the device."""
     shapes = [(index.numel(), *host.shape[1:]) for host in hosts]
-    sizes = [math.prod(shape) for shape in shapes]
-    staged = torch.empty(sum(sizes), dtype=hosts[0].dtype, pin_memory=pinned)
-    for host, part in zip(hosts, _unpacked_sizes(staged, shapes, sizes)):
+    staged = torch.empty(sum(math.prod(shape) for shape in shapes), dtype=hosts[0].dtype, pin_memory=pinned)
+    for host, part in zip(hosts, _views(staged, shapes)):
         torch.index_select(flat_rows(host), 0, index, out=flat_rows(part))
-    return _unpacked_sizes(staged.to(device, non_blocking=pinned), shapes, sizes)
+    return _views(staged.to(device, non_blocking=pinned), shapes)
 
 
 @dataclass
@@ -145,18 +144,18 @@ def move_rows_together(arrays: Sequence[tuple[torch.Tensor, torch.Tensor]], move
     if moves.back_slots.numel():
         slots = to_device(moves.back_slots, device, pinned)
         values = [rows.index_select(0, slots) for rows in devices]
+        packed, shapes = _packed(values), [value.shape for value in values]
         if behind is None:
-            for host_rows, value in zip(hosts, _unpacked(to_host(_packed(values), pinned), values)):
+            for host_rows, value in zip(hosts, _views(to_host(packed, pinned), shapes)):
                 flat_rows(host_rows).index_copy_(0, moves.back_rows, flat_rows(value))
         else:
-            packed = _packed(values)
             staged = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=pinned)
             staged.copy_(packed, non_blocking=True)
             copied = None
             if packed.is_cuda:
                 copied = torch.cuda.Event()
                 copied.record()
-            for host_rows, value in zip(hosts, _unpacked(staged, values)):
+            for host_rows, value in zip(hosts, _views(staged, shapes)):
                 behind.submit(host_rows, moves.back_rows, value, copied)
     if moves.load_rows.numel():
         loaded = gather_together(hosts, moves.load_rows, device, pinned)
@@ -170,14 +169,14 @@ def _packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _unpacked(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Views of `flat` (``_packed(like)`` or a copy of it) shaped as `like`."""
-    return _unpacked_sizes(flat, [t.shape for t in like], [t.numel() for t in like])
-
-
-def _unpacked_sizes(flat: torch.Tensor, shapes: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[torch.Tensor]:
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [flat[start:start + size].view(shape) for start, size, shape in zip(starts, sizes, shapes)]
+def _views(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Consecutive views of the flat buffer `flat` in these shapes (``_packed``'s parts, or a copy of them)."""
+    views, start = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        views.append(flat[start:start + size].view(shape))
+        start += size
+    return views
 
 
 _NO_ROWS = torch.zeros(0, dtype=torch.int64)
