@@ -67,6 +67,12 @@ class EmbeddingConfig:
                                               and not self.cache_overlap)
 
     @property
+    def prefetches(self) -> bool:
+        """Whether each next training batch's lookup is prepared ahead: cache_prefetch, which only the device
+        caches have (placement cached)."""
+        return self.placement == "cached" and self.cache_prefetch
+
+    @property
     def autograd_tables(self) -> bool:
         """Whether torch autograd forms the table gradient: dense, and sparse on the device with the torch
         backend (embedding_bag's sparse gradient); every other mode forms row gradients itself."""

@@ -153,9 +153,8 @@ class EmbeddingStore(nn.Module):
 
     @property
     def prefetches(self) -> bool:
-        """Whether the store wants each next training batch ahead (``prefetch_next``): placement cached with
-        cache_prefetch."""
-        return isinstance(self._rows, _CachedRows) and self._rows.prefetcher is not None
+        """Whether the store wants each next training batch ahead (``prefetch_next``)."""
+        return self.cfg.prefetches
 
     def prefetch_next(self, batch: Batch | PackedBatch) -> None:
         """The batch the next training step takes: its lookup is prepared on the prefetch thread

@@ -19,6 +19,7 @@ TRITON_TAIL = (("tail_backend", ("triton", "triton-fused-loss")),)  # when the t
 TRITON_TAIL_FP32 = TRITON_TAIL + (("precision", ("fp32",)),)
 # when the embedding kernels' knobs matter: backend triton runs its kernels unless grad mode is dense
 TRITON_EMBEDDING = (("embedding_backend", ("triton",)), ("embedding_grad_mode", ("sparse", "fused")))
+CACHED_TABLES = (("embedding_placement", ("cached",)),)  # when the device caches' own knobs matter
 
 KNOBS = (
     Knob("precision", "choice", "fp32", category="precision", numerics="precision",
@@ -105,19 +106,19 @@ KNOBS = (
          why="where the device caches' id -> slot maps and eviction stamps live (placement cached): on the host a "
              "lookup needs no device round trip, but every step's bookkeeping is host work; on the device it runs "
              "as kernels and only the moved rows' ids come back. The same decisions either way",
-         active_when=(("embedding_placement", ("cached",)),)),
+         active_when=CACHED_TABLES),
     Knob("embedding_cache_overlap", "bool", False, category="embedding", numerics="exact",
          why="placement cached: decide the next batch's cache moves while the device still runs the current step "
              "(the decisions on a side stream of their own when the index is on the device) and write evicted rows "
              "back from a worker thread, so that the host neither waits for the step nor for the write-backs; the "
              "same rows move between the same slots",
-         active_when=(("embedding_placement", ("cached",)),)),
+         active_when=CACHED_TABLES),
     Knob("embedding_cache_prefetch", "bool", False, category="embedding", numerics="exact",
          why="placement cached: prepare the next batch's cache lookup (slot decisions, gathers of missed rows from "
              "the host tables, their copies in) on a thread of its own while the current step runs, holding the "
              "current batch's rows so that none is evicted before its update; every row keeps its value (on "
              "several ranks the next batch's input exchange runs a step early, and each owner prepares its rows)",
-         active_when=(("embedding_placement", ("cached",)),)),
+         active_when=CACHED_TABLES),
     Knob("embedding_opt_state_cache_fraction", "float", 0.2, category="embedding", numerics="exact",
          low=0.01, high=1.0,
          why="optimizer state is cached independently of the parameters; its share of rows on the device (placement cached)"),

@@ -85,7 +85,7 @@ class ShardedEmbeddings(nn.Module):
         self.store, self.input_dist, self.output_dist = store, input_dist, output_dist
         self.device, self.phase = device, phase
         # cache_prefetch: every rank alike (a rank that owns no table still takes part in each input dist)
-        self.prefetches = cfg.placement == "cached" and cfg.cache_prefetch
+        self.prefetches = cfg.prefetches
         self._exchanged: deque[tuple[Batch, Batch]] = deque()  # (batch, its owned bags), input-dist'ed ahead
 
     def prefetch_next(self, batch: Batch, samples: list[int]) -> None:
