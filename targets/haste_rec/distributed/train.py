@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from targets.haste_rec.distributed.plan import ShardingPlan, check_ranked_config
+from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.distributed.process_group import join
 from targets.haste_rec.distributed.session import ShardedSession
 from targets.haste_rec.knobs import KNOB_SPACE
@@ -85,7 +85,6 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     # checked before the process group exists, so that a config error never waits on a peer
     plan = ShardingPlan(int(os.environ.get("WORLD_SIZE", "1")), size.num_tables, config["embedding_sharding"],
                         config["tail_sharding"])
-    check_ranked_config(config)
     fault = fault_of(args.fault, int(os.environ.get("RANK", "0")))
     ctx = join(args.timeout_s, args.device)
     if args.numerics and ctx.device.type == "cpu":
