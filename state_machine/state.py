@@ -121,6 +121,7 @@ def rejected(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
     """The state update that rejects the current candidate at `stage`."""
     return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
 
+
 class Evaluated(BaseModel):
     candidate: Candidate
     verdict: Verdict

@@ -197,8 +197,8 @@ class KnobSpace:
 
     def check_ranks(self, config: Mapping[str, Any], ranks: int) -> None:
         """A ConfigError naming the first value of a resolved config that a run on `ranks` processes has no path
-        for (``Knob.single_process``), rather than a run that would quietly measure something else; a
-        torch.distributed session checks itself so whatever its world size (``ranks`` 2 or more)."""
+        for (``Knob.single_process``), rather than a run that would quietly measure something else. A
+        torch.distributed session checks itself with any `ranks` above 1, whatever its world size."""
         for knob in self:
             if not knob.runs_on(config[knob.name], ranks):
                 raise ConfigError(f"{knob.name} = {config[knob.name]!r} runs on one process only, not in a "
