@@ -42,8 +42,8 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
     rejected candidate's are killed."""
     cand = state.current
-    if (rejected := _kernel_verdicts(state, ctx, cand)) is not None:
-        return rejected
+    if (kernel_failure := _kernel_verdicts(state, ctx, cand)) is not None:
+        return kernel_failure
     ahead = None
     if state.lane is None or state.plan.concurrent_timing:
         ahead = prestart(incumbent_request(state, "bench"), candidate_request(state, cand, "bench"),

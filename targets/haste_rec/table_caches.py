@@ -209,9 +209,9 @@ class TableCaches:
             victims = self._victims(table.index_select(0, missing),
                                     in_use=in_use if held is None else torch.cat([in_use, held]))
             evicted = self.row_of_slot.index_select(0, victims)
-            held = (evicted >= 0).nonzero().squeeze(1)
-            moves = self._place(slots, missing, rows, victims, evicted.index_select(0, held),
-                                victims.index_select(0, held))
+            had_row = (evicted >= 0).nonzero().squeeze(1)  # victims whose row goes back to the host
+            moves = self._place(slots, missing, rows, victims, evicted.index_select(0, had_row),
+                                victims.index_select(0, had_row))
         self._touch(slots, record)
         return slots, moves
 
