@@ -65,3 +65,16 @@ def test_embed_host_lists_a_prefetching_steps_parts_per_thread():
     threads = {label.strip(): thread.strip() for label, thread, _ in rows}
     assert threads["step"] == "MainThread" and threads["take the prefetched lookup (waits for it)"] == "MainThread"
     assert threads["decide (_assign)"] == "cache-prefetch" and threads["prepare"] == "cache-prefetch"
+
+
+def test_embed_host_counts_each_parts_torch_operations_in_a_pass_of_its_own():
+    out = _run("benchmarks/embed_host.py", "--size", "tiny", "--set", "embedding_placement=cached", "--set",
+               "embedding_grad_mode=fused", "--steps", "2", "--warmup", "1", "--ops")
+    rows = {line.split("|")[1].strip(): line.split("|")[3:6] for line in out.splitlines()
+            if line.startswith("| ") and "ms / step" not in line}
+    calls, ops = float(rows["decide (_assign)"][1]), float(rows["decide (_assign)"][2])
+    assert calls == 1.0 and ops > 10  # the counting pass adds no calls to the timed ones; a prepare runs many ops
+    summary = out.split("torch ops / step on the main thread: ")[1]
+    total, outside = float(summary.split(",")[0]), float(summary.split("outside every part ")[1].split()[0])
+    assert sum(float(r[2]) for r in rows.values()) + outside == total  # each op once, to its innermost part
+
