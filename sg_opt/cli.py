@@ -201,7 +201,9 @@ def optimize(
                                                                "the packaged ones"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="an OpenAI-compatible endpoint (vLLM, "
                                                                     "Ollama, Azure); default: OpenAI with "
-                                                                    "OPENAI_API_KEY"),
+                                                                    "OPENAI_API_KEY. With --resume: the same URL "
+                                                                    "again if it held credentials (run.json keeps "
+                                                                    "them blanked)"),
     model: Optional[str] = typer.Option(None, "--model", help="the LLM model (default: the tier's)"),
     llm_timeout: float = typer.Option(180.0, "--llm-timeout", min=0.1, help="seconds per LLM request before it "
                                                                             "is retried"),
@@ -251,7 +253,7 @@ def optimize(
     pause_s = None if pause_after is None else 60.0 * pause_after
     try:
         if resume is not None:
-            final, summary = agent.resume(resume, out, console, quiet, pause_s)
+            final, summary = agent.resume(resume, out, console, quiet, pause_s, base_url)
         else:
             odd = [name for name, n in (("--blocks", blocks), ("--final-blocks", final_blocks),
                                         ("--aa-blocks", aa_blocks)) if n % 2]
@@ -313,6 +315,12 @@ def gate(
     floor: Optional[float] = typer.Option(None, min=0.0, help="noise floor (default: A/A calibration with --ref, "
                                                               "the runs' spread with --baseline)"),
     aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
+    max_extensions: int = typer.Option(3, "--max-extensions", min=0, help="while the step time is inconclusive, "
+                                                                          "measure more (fresh workers, blocks "
+                                                                          "pooled) at most this many times"),
+    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="exit 0, with a warning, instead of "
+                                                                                "3 when the step time stays "
+                                                                                "inconclusive"),
     junit: Optional[str] = typer.Option(None, "--junit", help="write a JUnit XML report here"),
     threads: Optional[int] = THREADS_OPT,
     ranks: Optional[int] = typer.Option(None, "--ranks", min=1, help="measure both sides as this many processes "
@@ -323,7 +331,9 @@ def gate(
     as_json: bool = typer.Option(False, "--json", help="print the gate's result as JSON"),
 ) -> None:
     """CI regression gate: fail (exit 1) if the working tree is slower beyond --max-regression, with confidence,
-    or computes differently; exit 2 on usage or set-up errors. Markdown goes to $GITHUB_STEP_SUMMARY.
+    or computes differently; exit 3 if the step time stays inconclusive after --max-extensions more measurements
+    (neither shown within --max-regression nor beyond it); exit 2 on usage or set-up errors. Markdown goes to
+    $GITHUB_STEP_SUMMARY.
 
     Example: sg-opt gate --target haste-rec --size tiny --ref origin/main --junit gate.xml
     Example: sg-opt gate --baseline base.json --ranks 2
@@ -338,8 +348,12 @@ def gate(
         fail(f"--numerics-class must be exact, reorder or precision, not {numerics_class!r}")
     if blocks % 2:
         fail("--blocks must be even, so that each side runs first equally often")
+    if floor is not None and floor > max_regression:
+        fail(f"--floor {floor:g} is wider than --max-regression {max_regression:g}, so no measurement could pass: "
+             f"raise --max-regression, or leave --floor out to calibrate it")
     options = GateOptions(max_regression=max_regression, numerics_class=numerics_class, numerics_steps=numerics_steps,
-                          blocks=blocks, block_steps=block_steps, floor=floor, aa_runs=aa_runs, timeout_s=timeout)
+                          blocks=blocks, block_steps=block_steps, floor=floor, aa_runs=aa_runs, timeout_s=timeout,
+                          max_extensions=max_extensions, allow_inconclusive=allow_inconclusive)
     with console.status("setting up the gate ...") as status:
         try:
             if baseline is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
@@ -19,7 +20,7 @@ EXIT_USAGE = 2
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # a message's [brackets] are text
     raise typer.Exit(code)
 
 

@@ -14,17 +14,39 @@ Two ways to get the "before" side:
   of ``sg_opt.saved_baseline`` (bootstrap over steps; floor 2% + the spread of each side's runs), wider
   than an A/A floor; another device is refused.
 
-**The step-time rule** (both modes; ratio = B time / A time, below 1 is faster): the gate fails when
+**The step-time rule** (both modes; ratio = B time / A time, below 1 is faster; [low, high] its 95%
+interval; m = ``--max-regression``, default 5%; floor = the noise floor):
 
-    ratio > 1 + max_regression   and   ci_low > 1 + floor
+    regression    when  low  > 1 + max(m, floor)
+    pass          when  high < 1 + m   and   floor <= m
+    inconclusive  otherwise
 
-i.e. the measured slowdown is beyond the allowed one (default 5%) and the whole 95% interval lies
-above the noise floor, so the slowdown is real. Noise alone cannot fail it (that needs the interval
-clear of the floor that A/A runs show between identical code); a real slowdown of 5% or more fails it
-whenever this machine resolves it (floor below the slowdown). Asking instead for the interval to clear
-1 + max_regression would let most real slowdowns of 5-8% through. A slowdown beyond the allowed one that
-is not clear of the floor passes, with a warning; so does any run whose floor exceeds max_regression
-(the gate cannot see regressions that small here: more blocks or steps, or a quieter machine).
+A regression is a slowdown beyond the allowed one with confidence, and larger than identical code was seen
+to differ by: on a machine whose floor is 15%, a no-op may show [1.06, 1.12], which is noise, not a
+regression. A pass is a slowdown within the allowed one with confidence, on a machine that can see a
+slowdown of m at all: where the floor is wider than m, an interval under 1 + m may be noise too (A/A runs
+of identical code differed by more than m). Everything else, an interval that straddles 1 + m (a real
+slowdown of 6% against a budget of 5%, measured to +-3%) or a floor wider than m, is inconclusive, which
+never passes silently: the gate measures more (below), and what is still inconclusive then exits 3. The
+rule before this one passed a slowdown beyond m that was not clear of the floor, with a warning: a 15%
+slowdown passed against a floor of 15.9%, and a 52% one against 62.7%.
+
+**Measuring more** (``--max-extensions N``, default 3): while the step time is inconclusive, each extension
+runs, in fresh workers,
+
+* where the floor is wider than m and was calibrated (not ``--floor``), one more A/A run of A; the floor is
+  then the bias plus half-width of the interval over the block pairs of every A/A run so far, pooled
+  (``validators.confirmation.pooled``), at least ``MIN_FLOOR``: more pairs, a narrower interval;
+* where the A/B interval holds 1 + m, one more A/B run, its block pairs pooled with the earlier runs' (each
+  pair ran in the same minute on both sides, so pairs from fresh workers are as good units as one run's);
+* ``--baseline``: one more run of the working tree (the saved side cannot grow, and the unpaired floor,
+  2% + the spreads of both sides, does not narrow with runs: a floor wider than m there stays inconclusive).
+
+It stops as soon as the verdict is clear, when nothing left can be measured more, or when the numerics check
+has failed (the gate fails anyway). Each look is at a 95% interval, so the chance that a slowdown right at
+the budget passes is at most (1 + N) x 2.5% by the union bound (10% at the default), and lower in fact, as
+the looks share their blocks, and far lower for a slowdown well past the budget. ``--floor`` wider than
+``--max-regression`` is refused (exit 2): no measurement could then pass.
 
 **The numerics rule**: the numerics fingerprint (``--numerics-steps`` steps at seed 0) of B must pass
 ``validators.numerics.compare`` against A's under ``--numerics-class`` (default ``reorder``: same math,
@@ -36,7 +58,9 @@ it was measured with and runs on them again; a gate that asks for another number
 
 Exit codes: 0 both pass; 1 a regression, a numerics failure, or the working tree's workload failing;
 2 usage or set-up errors (bad REV, not a git repository, the target not running at REV, a baseline
-from another device or number of ranks), reported in one sentence.
+from another device or number of ranks), reported in one sentence; 3 inconclusive after the extensions
+(``--allow-inconclusive`` makes that 0, with a warning in every report; JUnit then marks the step time
+skipped, not failed).
 """
 
 from __future__ import annotations
@@ -58,13 +82,20 @@ from sg_opt import saved_baseline
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRequest, WorkerResult
+from validators.ab_stats import decide, floor_from
+from validators.confirmation import pooled
 from validators.numerics import NumericsVerdict, compare
 from validators.speedup import ABResult, CalibrationFailed, NoiseFloor, calibrate_noise_floor, measure_ab
 
-GATE_SCHEMA_VERSION = 1
+GATE_SCHEMA_VERSION = 2  # 2: verdicts of three values, the outcome, and the extensions made
 MAX_REGRESSION = 0.05
-RULE = "fail if ratio > 1 + max_regression and ci_low > 1 + floor (ratio = B time / A time)"
+MAX_EXTENSIONS = 3
+INCONCLUSIVE_EXIT = 3
+RULE = ("regression if ci_low > 1 + max(max_regression, floor); pass if ci_high < 1 + max_regression and "
+        "floor <= max_regression; else inconclusive: measured more, then exit 3 (ratio = B time / A time)")
 Progress = Callable[[str], None]
+StepVerdict = Literal["pass", "regression", "inconclusive", "failed"]
+Outcome = Literal["pass", "regression", "inconclusive"]
 
 
 class GateSetupError(ConfigError):
@@ -81,9 +112,12 @@ class GateOptions:
     floor: float | None = None
     aa_runs: int = 2
     timeout_s: float = 1800.0
+    max_extensions: int = MAX_EXTENSIONS
+    allow_inconclusive: bool = False
 
 
 class StepTimeCheck(BaseModel):
+    verdict: StepVerdict = Field(description="the step-time rule's verdict; failed: the working tree's run failed")
     passed: bool
     ratio: float | None = Field(None, description="B time / A time: below 1 is faster")
     ci_low: float | None = None
@@ -93,6 +127,7 @@ class StepTimeCheck(BaseModel):
     max_regression: float
     a_ms: float | None = Field(None, description="A's median step time")
     b_ms: float | None = None
+    extensions: int = Field(0, description="times the measurement was extended because it was inconclusive")
     message: str
     failure: Failure | None = None
 
@@ -109,7 +144,9 @@ class NumericsCheck(BaseModel):
 class GateResult(BaseModel):
     version: int = GATE_SCHEMA_VERSION
     mode: Literal["ref", "baseline"]
-    passed: bool
+    outcome: Outcome = Field(description="pass; regression: slower, other numerics or the working tree failing "
+                                         "(exit 1); inconclusive (exit 3, or 0 with --allow-inconclusive)")
+    passed: bool = Field(description="the outcome is pass (an inconclusive one let through is not)")
     exit_code: int
     target: str
     size: str
@@ -119,45 +156,80 @@ class GateResult(BaseModel):
     a_label: str
     b_label: str
     rule: str = RULE
+    max_extensions: int = MAX_EXTENSIONS
+    allow_inconclusive: bool = False
     step_time: StepTimeCheck
     numerics: NumericsCheck
     warnings: list[str] = Field(default_factory=list)
     environment: Environment | None = None
-    ab: ABResult | None = Field(None, description="--ref: the interleaved measurement, block medians included")
+    ab: ABResult | None = Field(None, description="--ref: the interleaved measurement, block medians included (the "
+                                                  "block pairs of every A/B run pooled, when extended)")
     wall_s: float = 0.0
 
 
 # -- the rules -------------------------------------------------------------------------------------
 
-def is_regression(ratio: float, ci_low: float, floor: float, max_regression: float) -> bool:
-    """The step-time rule: slower than allowed, and the whole interval above the noise floor."""
-    return ratio > 1.0 + max_regression and ci_low > 1.0 + floor
+def step_verdict(ci_low: float, ci_high: float, floor: float, max_regression: float) -> StepVerdict:
+    """The step-time rule (the module docstring says why)."""
+    if ci_low > 1.0 + max(max_regression, floor):
+        return "regression"
+    if ci_high < 1.0 + max_regression and floor <= max_regression:
+        return "pass"
+    return "inconclusive"
+
+
+def holds_a_bound(check: StepTimeCheck) -> bool:
+    """Whether the interval holds a bound its verdict hinges on, so that more blocks, narrowing it, may settle it."""
+    return any(check.ci_low <= 1.0 + bound <= check.ci_high
+               for bound in (check.max_regression, max(check.max_regression, check.floor)))
+
+
+def share(value: float) -> str:
+    """0.05 -> '5%', 0.001 -> '0.1%' (an allowed regression as the user gave it)."""
+    return f"{100 * value:.4g}%"
 
 
 def judge_step_time(ratio: float, ci_low: float, ci_high: float, floor: float, floor_source: str,
-                    max_regression: float, a_ms: float, b_ms: float) -> tuple[StepTimeCheck, list[str]]:
-    """The step-time check and its warnings, each a sentence naming the numbers it rests on."""
+                    max_regression: float, a_ms: float, b_ms: float) -> StepTimeCheck:
+    """The step-time check, its message a sentence naming the numbers it rests on."""
     numbers = (f"B/A = {ratio:.4f}, 95% interval [{ci_low:.4f}, {ci_high:.4f}], noise floor {floor:.4f}, "
-               f"allowed regression {max_regression:.2%}")
-    regression = is_regression(ratio, ci_low, floor, max_regression)
-    if regression:
-        message = f"B is {ratio - 1:.1%} slower than A, beyond the allowed {max_regression:.0%}, and the whole " \
-                  f"interval is above the noise floor ({numbers})"
-    elif ratio > 1.0 + max_regression:
-        message = f"B measured {ratio - 1:.1%} slower than A but the interval is not clear of the noise floor " \
-                  f"({numbers})"
+               f"allowed regression {share(max_regression)}")
+    verdict = step_verdict(ci_low, ci_high, floor, max_regression)
+    if verdict == "regression":
+        message = (f"B is {ratio - 1:.1%} slower than A: the whole interval is beyond the allowed "
+                   f"{share(max_regression)} and the noise floor")
+    elif verdict == "pass":
+        message = f"B is within the allowed regression of A: the whole interval is below {1 + max_regression:.4f}"
     else:
-        message = f"B is within the allowed regression of A ({numbers})"
-    warnings = []
-    if not regression and ratio > 1.0 + max_regression:
-        warnings.append(f"a slowdown of {ratio - 1:.1%} was measured but could not be told from noise; "
-                        f"measure longer (more blocks or steps) or on a quieter machine")
-    if floor > max_regression:
-        warnings.append(f"the noise floor {floor:.1%} is wider than the allowed regression {max_regression:.0%}: "
-                        f"slowdowns between the two cannot be seen on this machine at this measurement length")
-    return StepTimeCheck(passed=not regression, ratio=ratio, ci_low=ci_low, ci_high=ci_high, floor=floor,
-                         floor_source=floor_source, max_regression=max_regression, a_ms=a_ms, b_ms=b_ms,
-                         message=message), warnings
+        why = [f"the noise floor {floor:.1%} is wider than the allowed {share(max_regression)}, so this machine cannot "
+               f"tell a slowdown that small from noise"] if floor > max_regression else []
+        if ci_low <= 1.0 + max_regression <= ci_high:
+            why.append(f"the interval holds {1 + max_regression:.4f}: B may be slower than allowed, or not")
+        elif ci_low > 1.0 + max_regression:
+            why.append("the interval is beyond the allowed regression but not clear of the noise floor")
+        message = "inconclusive: " + "; ".join(why)
+    return StepTimeCheck(verdict=verdict, passed=verdict == "pass", ratio=ratio, ci_low=ci_low, ci_high=ci_high,
+                         floor=floor, floor_source=floor_source, max_regression=max_regression, a_ms=a_ms,
+                         b_ms=b_ms, message=f"{message} ({numbers})")
+
+
+def until_clear(judge: Callable[[], StepTimeCheck], extend: Callable[[StepTimeCheck], str | None],
+                options: GateOptions, progress: Progress) -> StepTimeCheck:
+    """Judge, and while inconclusive extend (``extend`` measures more, or returns why it cannot) and judge again,
+    at most ``max_extensions`` times."""
+    check, done, stopped = judge(), 0, None
+    while check.verdict == "inconclusive" and done < options.max_extensions:
+        progress(f"the step time is inconclusive: measuring more ({done + 1} of at most {options.max_extensions}) ...")
+        stopped = extend(check)
+        if stopped is not None:
+            break
+        done += 1
+        check = judge()
+    if check.verdict == "inconclusive":
+        said = f"measured more {done} time(s) of at most {options.max_extensions} (--max-extensions)"
+        said += f", then stopped: {stopped}" if stopped else ""
+        check = check.model_copy(update={"message": f"{check.message}; {said}"})
+    return check.model_copy(update={"extensions": done})
 
 
 def judge_numerics(a: NumericsData, b: WorkerResult, options: GateOptions, steps: int) -> NumericsCheck:
@@ -175,16 +247,40 @@ def _failed_check(failure: Failure, what: str) -> str:
 
 
 def _failed_timing(failure: Failure, floor: float, floor_source: str, options: GateOptions) -> StepTimeCheck:
-    return StepTimeCheck(passed=False, floor=floor, floor_source=floor_source, failure=failure,
+    return StepTimeCheck(verdict="failed", passed=False, floor=floor, floor_source=floor_source, failure=failure,
                          max_regression=options.max_regression, message=_failed_check(failure, "timed run"))
 
 
+def outcome(step: StepTimeCheck, numerics: NumericsCheck, options: GateOptions) -> tuple[Outcome, int]:
+    """The gate's outcome and exit code: a failed check wins over an inconclusive one."""
+    if not numerics.passed or step.verdict in ("regression", "failed"):
+        return "regression", 1
+    if step.verdict == "inconclusive":
+        return "inconclusive", 0 if options.allow_inconclusive else INCONCLUSIVE_EXIT
+    return "pass", 0
+
+
+def inconclusive_warning(step: StepTimeCheck, allowed: bool) -> str:
+    """What an inconclusive step time means for the job, and what may settle it."""
+    neither = (f"the step time was shown neither within the allowed {share(step.max_regression)} nor beyond it "
+               f"(B/A interval [{step.ci_low:.4f}, {step.ci_high:.4f}], noise floor {step.floor:.4f}, after "
+               f"{step.extensions} extension(s))")
+    if allowed:
+        return f"INCONCLUSIVE, let through by --allow-inconclusive: {neither}; this pass says nothing of the step time"
+    return (f"inconclusive (exit {INCONCLUSIVE_EXIT}): {neither}; more --blocks, --block-steps or --max-extensions, "
+            f"or a quieter machine, may settle it, and --allow-inconclusive lets it pass")
+
+
 def _result(mode: str, spec: WorkerRequest, a_label: str, b_label: str, step: StepTimeCheck, numerics: NumericsCheck,
-            warnings: list[str], start: float, **extra: Any) -> GateResult:
-    passed = step.passed and numerics.passed
-    return GateResult(mode=mode, passed=passed, exit_code=0 if passed else 1, target=spec.target, size=spec.size,
-                      config=spec.config, device=spec.device, ranks=spec.ranks, a_label=a_label, b_label=b_label,
-                      step_time=step, numerics=numerics, warnings=warnings, wall_s=time.monotonic() - start, **extra)
+            warnings: list[str], start: float, options: GateOptions, **extra: Any) -> GateResult:
+    verdict, code = outcome(step, numerics, options)
+    if step.verdict == "inconclusive":
+        warnings = [inconclusive_warning(step, options.allow_inconclusive), *warnings]
+    return GateResult(mode=mode, outcome=verdict, passed=verdict == "pass", exit_code=code, target=spec.target,
+                      size=spec.size, config=spec.config, device=spec.device, ranks=spec.ranks, a_label=a_label,
+                      b_label=b_label, max_extensions=options.max_extensions,
+                      allow_inconclusive=options.allow_inconclusive, step_time=step, numerics=numerics,
+                      warnings=warnings, wall_s=time.monotonic() - start, **extra)
 
 
 # -- git -------------------------------------------------------------------------------------------
@@ -236,18 +332,82 @@ def _numerics_pair(spec: WorkerRequest, steps: int, roots: tuple[str | None, str
         return a.result(), b.result()
 
 
-def _ref_noise(spec: WorkerRequest, root: str, a_label: str, options: GateOptions,
-               progress: Progress) -> tuple[NoiseFloor | float, str]:
-    """The floor and where it came from: --floor, or A/A runs of the ref."""
-    if options.floor is not None:
-        return options.floor, "given with --floor"
-    progress(f"calibrating the noise floor: {options.aa_runs} A/A run(s) of {a_label} ...")
-    try:
-        noise = calibrate_noise_floor(spec, options.blocks, options.block_steps, options.timeout_s, options.aa_runs,
-                                      root=root)
-    except CalibrationFailed as exc:
-        raise GateSetupError(f"the target cannot be timed at {a_label}: {exc}") from None
-    return noise, f"{options.aa_runs} interleaved A/A run(s) of {a_label}"
+class Interleaved:
+    """The --ref measurement so far: the A/A runs of A that set the floor (none with --floor) and the A/B runs,
+    each kind pooled over its runs once there are several, so that it can be extended while inconclusive."""
+
+    def __init__(self, spec: WorkerRequest, roots: tuple[str, None], labels: tuple[str, str], options: GateOptions,
+                 progress: Progress):
+        self.spec, self.roots, self.labels, self.options, self.progress = spec, roots, labels, options, progress
+        self.aa: list[ABResult] = []
+        self.floor, self.floor_source = options.floor or 0.0, "given with --floor"
+        self.runs: list[ABResult] = []
+        if options.floor is None:
+            self._calibrate(options.aa_runs)
+
+    def _calibrate(self, runs: int) -> None:
+        """``runs`` more A/A runs of A; the floor from all of them (pooled once extended: more block pairs)."""
+        o, a_label = self.options, self.labels[0]
+        self.progress(f"calibrating the noise floor: {runs} A/A run(s) of {a_label} ...")
+        try:
+            noise = calibrate_noise_floor(self.spec, o.blocks, o.block_steps, o.timeout_s, runs, seed=len(self.aa),
+                                          root=self.roots[0])
+        except CalibrationFailed as exc:
+            raise GateSetupError(f"the target cannot be timed at {a_label}: {exc}") from None
+        if not self.aa:
+            self.aa, self.floor = list(noise.runs), noise.floor
+            self.floor_source = f"{len(self.aa)} interleaved A/A run(s) of {a_label}"
+            return
+        self.aa += noise.runs
+        aa = pooled(self.aa)
+        self.floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])
+        self.floor_source = (f"{len(self.aa)} interleaved A/A runs of {a_label}, their {aa.blocks} block pairs "
+                             f"pooled")
+
+    def measure(self) -> None:
+        """One more A/B run, in fresh workers."""
+        o = self.options
+        self.progress(f"timing {self.labels[0]} and the working tree, interleaved ...")
+        self.runs.append(measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
+                                    floor=self.floor, seed=len(self.runs), roots=self.roots))
+
+    def extend(self, check: StepTimeCheck) -> str | None:
+        """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why
+        neither can help."""
+        wide, holds = self.floor > self.options.max_regression, holds_a_bound(check)
+        if wide and not self.aa and not holds:
+            return "the floor was given with --floor and is wider than the allowed regression"
+        if wide and self.aa:
+            self._calibrate(1)
+        if holds:
+            self.measure()
+        return None
+
+    @property
+    def result(self) -> ABResult:
+        """The last run if it failed, else all the A/B runs pooled, against the current floor."""
+        last = self.runs[-1]
+        if last.failure is not None:
+            return last
+        if len(self.runs) == 1:
+            return last.model_copy(update={"floor": self.floor, "verdict": decide(last.ci_low, last.ci_high,
+                                                                                   self.floor)})
+        return pooled([self.runs[0].model_copy(update={"floor": self.floor}), *self.runs[1:]])
+
+    def judge(self) -> StepTimeCheck:
+        ab = self.result
+        if ab.failure is None:
+            return judge_step_time(ab.ratio, ab.ci_low, ab.ci_high, self.floor, self.floor_source,
+                                   self.options.max_regression, ab.step_ms("a"), ab.step_ms("b"))
+        if ab.failure.message.startswith(f"{self.labels[0]}:"):
+            raise GateSetupError(f"the target cannot be timed at {self.labels[0]}: {ab.failure.message}")
+        return _failed_timing(ab.failure, self.floor, self.floor_source, self.options)
+
+
+def _extension(numerics: NumericsCheck, extend: Callable[[StepTimeCheck], str | None]
+               ) -> Callable[[StepTimeCheck], str | None]:
+    """``extend``, unless the numerics fail the gate already: then more timing would change nothing."""
+    return extend if numerics.passed else lambda _: "the numerics check fails the gate already"
 
 
 def gate_against_ref(spec: WorkerRequest, rev: str, options: GateOptions, progress: Progress = lambda _: None,
@@ -280,31 +440,26 @@ def gate_against_tree(spec: WorkerRequest, root: Path, options: GateOptions, pro
         raise GateSetupError(f"the target does not run at {a_label} ({numerics_a.failure.kind}): "
                              f"{numerics_a.failure.message}")
     numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
-    noise, floor_source = _ref_noise(spec, str(root), a_label, options, progress)
-    progress(f"timing {a_label} and the working tree, interleaved ...")
-    ab = measure_ab(spec, spec, options.blocks, options.block_steps, options.timeout_s, a_label, b_label,
-                    floor=noise, roots=roots)
-    warnings: list[str] = []
-    if ab.failure is None:
-        medians = [1e3 * statistics.median(side.block_medians) for side in (ab.a, ab.b)]
-        step, warnings = judge_step_time(ab.ratio, ab.ci_low, ab.ci_high, ab.floor, floor_source,
-                                         options.max_regression, *medians)
-    elif ab.failure.message.startswith(f"{a_label}:"):
-        raise GateSetupError(f"the target cannot be timed at {a_label}: {ab.failure.message}")
-    else:
-        step = _failed_timing(ab.failure, ab.floor, floor_source, options)
-    return _result("ref", spec, a_label, b_label, step, numerics, warnings, start,
-                   environment=numerics_b.environment, ab=ab)
+    measurement = Interleaved(spec, roots, (a_label, b_label), options, progress)
+    measurement.measure()
+    step = until_clear(measurement.judge, _extension(numerics, measurement.extend), options, progress)
+    return _result("ref", spec, a_label, b_label, step, numerics, [], start, options,
+                   environment=numerics_b.environment, ab=measurement.result)
 
 
-def _unpaired_step_time(saved: saved_baseline.SavedBaseline, current_s: list[list[float]],
-                        options: GateOptions) -> tuple[StepTimeCheck, list[str]]:
-    if options.floor is not None:
-        floor, source = options.floor, "given with --floor"
-    else:
+def _unpaired_step_time(saved: saved_baseline.SavedBaseline, runs: list[WorkerResult],
+                        options: GateOptions) -> StepTimeCheck:
+    """The working tree's runs so far against the saved ones; failed when the last of them failed."""
+    floor = options.floor
+    if not runs[-1].ok:
+        return _failed_timing(runs[-1].failure, floor or 0.0, "none: the run failed", options)
+    current_s = [run.bench.step_s for run in runs]
+    if floor is None:
         floor = saved_baseline.unpaired_floor(saved.block_medians, saved_baseline.block_medians(current_s))
         source = (f"unpaired: {saved_baseline.UNPAIRED_MIN_FLOOR:.0%} + the spreads of the block medians of "
                   f"{len(saved.step_s)} saved and {len(current_s)} new runs")
+    else:
+        source = "given with --floor"
     ratio, low, high = saved_baseline.unpaired_ratio(saved.step_s, current_s)
     medians = [1e3 * statistics.median(s for run in side for s in run) for side in (saved.step_s, current_s)]
     return judge_step_time(ratio, low, high, floor, source, options.max_regression, *medians)
@@ -333,12 +488,17 @@ def gate_against_baseline(path: str, options: GateOptions, progress: Progress = 
     numerics_run = run_worker(saved_baseline.numerics_request(spec, saved.numerics_steps), timeout_s=options.timeout_s)
     numerics = judge_numerics(saved.numerics, numerics_run, options, saved.numerics_steps)
     warnings = saved_baseline.environment_warnings(saved, bench.environment, host) if bench.environment else []
-    if bench.ok:
-        step, more = _unpaired_step_time(saved, [run.bench.step_s for run in runs], options)
-        warnings += more
-    else:
-        step = _failed_timing(bench.failure, options.floor or 0.0, "none: the run failed", options)
-    return _result("baseline", spec, a_label, b_label, step, numerics, warnings, start,
+
+    def one_more_run(check: StepTimeCheck) -> str | None:
+        if not holds_a_bound(check):
+            return ("the unpaired floor is wider than the allowed regression, and more runs do not narrow it "
+                    "(--ref measures side by side)")
+        runs[:] = saved_baseline.more_runs(spec, runs, len(runs) + 1, options.timeout_s)
+        return None
+
+    step = until_clear(lambda: _unpaired_step_time(saved, runs, options), _extension(numerics, one_more_run),
+                       options, progress)
+    return _result("baseline", spec, a_label, b_label, step, numerics, warnings, start, options,
                    environment=bench.environment)
 
 

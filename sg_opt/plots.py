@@ -15,7 +15,7 @@ from typing import Sequence
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from sg_opt.summary import Summary
 
@@ -78,31 +78,51 @@ def step_times(runs: Labelled) -> str | None:
     return _draw("step-times", draw, height=0.6 + 0.45 * len(bars))
 
 
+def final_text(s: Summary) -> str | None:
+    """The final side-by-side result in a few words ('x18.99, 95% interval x18.6-x19.4'), None without one."""
+    f = s.final
+    if f is None or not (f.speedup and f.ci_low and f.ci_high):
+        return None
+    return f"x{f.speedup:.2f}, 95% interval x{1 / f.ci_high:.2f}-x{1 / f.ci_low:.2f}"
+
+
 def best_so_far(runs: Labelled) -> str | None:
-    """Estimated speedup of the incumbent after each candidate; the final side-by-side result as a band."""
+    """The incumbent's step time after each candidate as measured (the baseline's in its A/A calibration, each
+    accepted candidate's in its acceptance run), and the best's step time in the final side-by-side measurement
+    with its interval as a band: measured figures only, never a product of ratios."""
     if not any(s.candidates for _, s in runs):
         return None
 
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
         for index, (label, s) in enumerate(runs):
-            ys = s.est_curve()
-            xs = list(range(len(ys)))
+            levels = s.measured_curve()
+            known = [(n, ms) for n, ms in enumerate(levels) if ms is not None]
             prefix = f"{label}: " if len(runs) > 1 else ""
-            line, = ax.step(xs, ys, where="post", label=f"{prefix}best so far (estimated)")
-            won = [(n, ys[n]) for n, c in enumerate(s.candidates, start=1) if c.accepted]
+            if not known:
+                continue
+            line, = ax.step(*zip(*known), where="post", label=f"{prefix}incumbent, measured in its acceptance run")
+            won = [(n, levels[n]) for n, c in enumerate(s.candidates, start=1) if c.accepted and levels[n] is not None]
             if won:
                 ax.scatter(*zip(*won), color=ACCEPTED, zorder=3, label="accepted" if index == 0 else None)
-            f = s.final
-            if f is not None and f.speedup and f.ci_low and f.ci_high:
-                ax.axhline(f.speedup, color=line.get_color(), linestyle="--", linewidth=1,
-                           label=f"{prefix}final side by side x{f.speedup:.2f}")
-                ax.axhspan(1 / f.ci_high, 1 / f.ci_low, color=line.get_color(), alpha=0.12)
+            best, final = s.best_step, final_text(s)
+            if best is not None and final is not None:
+                speedup = f" ({final})" if len(runs) > 1 else ""
+                ax.axhline(best.ms, color=line.get_color(), linestyle="--", linewidth=1,
+                           label=f"{prefix}best in the final side-by-side measurement: {best.ms:.2f} ms{speedup}")
+                ax.axhspan(best.ci_low_ms, best.ci_high_ms, color=line.get_color(), alpha=0.12)
+        if len(runs) == 1 and (final := final_text(runs[0][1])):
+            ax.set_title(f"final side by side against the baseline: {final}", fontsize=9)
+        low, high = ax.get_ylim()
+        if high > 4 * max(low, 1e-9):  # a step many times faster: a log axis keeps the later candidates apart
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("candidates evaluated")
-        ax.set_ylabel("speedup over the baseline (x)")
-        ax.set_ylim(bottom=min(0.9, ax.get_ylim()[0]))
-        ax.legend(fontsize=8, loc="best")  # where it hides least of the curves (they end high, right or left)
+        ax.set_ylabel("incumbent step time, ms")
+        ax.legend(fontsize=8, loc="best")  # where it hides least of the curves
     return _draw("best-so-far", draw)
 
 

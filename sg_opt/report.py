@@ -43,15 +43,30 @@ def step_text(t: StepTime | None) -> str:
     return f"{t.ms:.2f} ms (95% CI {t.ci_low_ms:.2f}-{t.ci_high_ms:.2f}, {t.blocks} blocks)" if t else "-"
 
 
+ESTIMATE = "estimate (product of accepted ratios, not a measurement)"
+
+
 def result_line(s: Summary) -> str:
-    """The run's outcome in one sentence, without markup."""
+    """The run's outcome in one sentence, without markup: a measured figure or none, never an estimate."""
     if s.final is not None and s.final.speedup is not None:
         f = s.final
         return (f"x{f.speedup:.2f} faster than the baseline, measured side by side at the end: step time ratio "
                 f"{f.ratio:.3f} (95% interval {f.ci_low:.3f}-{f.ci_high:.3f}, best/baseline), verdict {f.verdict}.")
     if s.accepted:
-        return f"estimated x{s.est_speedup:.2f} faster (product of the accepted side-by-side speedups)."
+        return (f"{s.accepted} change(s) accepted, but best and baseline were not measured side by side at the end: "
+                f"no measured speedup.")
     return "no candidate was accepted: the baseline stays."
+
+
+def estimate_rows(s: Summary) -> list[tuple[str, str]]:
+    """The estimate, labelled as one, where no final measurement says better (a run that stopped before it)."""
+    if s.accepted and (s.final is None or s.final.speedup is None):
+        return [(ESTIMATE, f"x{s.est_speedup:.2f}")]
+    return []
+
+
+def step_ms_text(ms: float | None) -> str:
+    return f"{ms:.2f}" if ms is not None else "-"
 
 
 def numerics_line(s: Summary) -> str:
@@ -281,6 +296,7 @@ def report_markdown(s: Summary) -> str:
     f = s.final
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
             ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
+            *estimate_rows(s),
             ("numerics", numerics_line(s)),
             ("noise floor", floor_text(s)),
             ("reorder bands", s.reorder_calibration or "-")]
@@ -290,12 +306,15 @@ def report_markdown(s: Summary) -> str:
                   f"{time_line(s)}", "", "## Best configuration", ""]
     lines += [f"- `{k} = {v!r}`" for k, v in sorted(s.best_config.items())] or ["- the baseline's"]
     lines += [f"- kernel `{k}` replaced (see best_kernels/)" for k in s.best_kernels]
-    lines += ["", "## Candidates", "", "| # | kind | change | proposer | verdict | ratio (95% CI) | why |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Candidates", "", "Ratio: candidate over the incumbent of the time, side by side; step ms: the "
+              "candidate's step in that measurement.", "",
+              "| # | kind | change | proposer | verdict | ratio (95% CI) | step ms | why |",
+              "|---|---|---|---|---|---|---|---|"]
     for c in s.candidates:
         verdict = "**accepted**" if c.accepted else f"rejected ({c.stage})"
         lines.append(f"| {c.id} | {c.kind} | {c.change} | {c.proposer} | {verdict} | "
-                     f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {c.reason.replace('|', '/')} |")
+                     f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {step_ms_text(c.step_ms)} | "
+                     f"{c.reason.replace('|', '/')} |")
     env = dict(machine_rows(s.environment))
     ranks = [f"Ranks ({p.label}): {p.ranks_note}." for p in s.phases if p.ranks_note][-1:]
     for paragraph in (_phase_line(s), host_line(s), *ranks, None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.table import Table
 
-from sg_opt.report import ratio_text, read_run, result_line, spend_line, step_text
+from sg_opt.report import ESTIMATE, ratio_text, read_run, result_line, spend_line, step_text
 from sg_opt.summary import Summary
 
 COMPARISON_SCHEMA_VERSION = 1
@@ -44,7 +44,7 @@ def _speedup(s: Summary) -> str:
     f = s.final
     if f is not None and f.speedup is not None:
         return f"x{f.speedup:.2f} (ratio {ratio_text(f.ratio, f.ci_low, f.ci_high)}, {f.verdict})"
-    return f"x{s.est_speedup:.2f} (estimated, not re-measured)" if s.accepted else "x1.00 (nothing accepted)"
+    return f"no final measurement; {ESTIMATE}: x{s.est_speedup:.2f}" if s.accepted else "x1.00 (nothing accepted)"
 
 
 def _config(s: Summary) -> str:
@@ -101,7 +101,7 @@ def markdown(c: Comparison) -> str:
 
 def html(c: Comparison) -> str:
     from sg_opt import plots
-    from sg_opt.report_html import figure, page, para, section, table
+    from sg_opt.report_html import BEST_SO_FAR, figure, page, para, section, table
 
     runs = [(f"A ({c.a.tier})", c.a), (f"B ({c.b.tier})", c.b)]
     header = "<h1>sg-opt: two runs side by side</h1>" + para(f"A = {c.a.run_id}; B = {c.b.run_id}", "meta")
@@ -111,8 +111,8 @@ def html(c: Comparison) -> str:
                 table(["", "A", "B"], [(r.metric, r.a, r.b) for r in c.rows]), *(para(n, "note") for n in c.notes)),
         section("step-times", "Step times", figure(plots.step_times(runs), "Each run's baseline and best step "
                 "time with 95% intervals.", "neither run measured a step time.")),
-        section("progress", "Best so far", figure(plots.best_so_far(runs), "Estimated speedup after each candidate; "
-                "dashed: each run's final side-by-side measurement.", "neither run evaluated a candidate.")),
+        section("progress", "Best so far", figure(plots.best_so_far(runs), BEST_SO_FAR,
+                                                  "neither run evaluated a candidate.")),
         section("cost", "LLM cost", para(f"A: {spend_line(c.a)}. B: {spend_line(c.b)}."),
                 figure(plots.spend(runs), "Cumulative dollars after each LLM call, per run and tier.",
                        "Neither run made an LLM call ($0).")),

@@ -13,9 +13,9 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, floor_columns, floor_notes, floor_text,
-                           host_line, machine_rows, numerics_line, over_floor_text, ratio_text,
-                           result_line, spend_line, status_line, step_text, time_line, verdict_text)
+from sg_opt.report import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes, floor_text,
+                           host_line, machine_rows, numerics_line, over_floor_text, ratio_text, result_line,
+                           spend_line, status_line, step_ms_text, step_text, time_line, verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """
@@ -78,13 +78,20 @@ def _speedup(value: float | None) -> str:
     return f"x{value:.2f}" if value else "-"
 
 
+BEST_SO_FAR = ("The incumbent's step time after each candidate, as measured: the baseline's in its A/A calibration, "
+               "each accepted candidate's in its acceptance run (side by side with the incumbent it replaced). "
+               "Dashed: the best configuration's step in the final side-by-side measurement against the baseline, "
+               "band: its 95% interval; that measurement's speedup is written above the plot (in the legend, for "
+               "two runs).")
+
+
 # ----------------------------------------------------------------------------- the run page
 
 def _result(s: Summary) -> str:
     f = s.final
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
             ("ratio best/baseline (95% CI)", ratio_text(f.ratio, f.ci_low, f.ci_high) if f else "-"),
-            ("speedup", _speedup(f.speedup if f else None) + ("" if f else f" (estimated x{s.est_speedup:.2f})")),
+            ("speedup", _speedup(f.speedup) if f else "- (no final measurement)"), *estimate_rows(s),
             ("verdict", f.verdict if f else "no final measurement (nothing accepted)" if not s.accepted else "-"),
             ("noise floor", floor_text(s)),
             ("numerics", numerics_line(s)), ("reorder bands", s.reorder_calibration or "-")]
@@ -103,16 +110,16 @@ def _candidates(s: Summary) -> str:
                      c.proposer, ("html", f'<span class="{cls}">{escape(verdict_text(c.accepted, c.stage))}</span>'
                                           f"<br><small>{escape(c.reason)}</small>"),
                      c.numerics_class or "-", _speedup(c.speedup), ratio_text(c.ratio, c.ci_low, c.ci_high),
-                     _speedup(c.expected_gain), f"{c.decided_at_s:.0f} s" if c.decided_at_s is not None else "-"))
+                     step_ms_text(c.step_ms), _speedup(c.expected_gain),
+                     f"{c.decided_at_s:.0f} s" if c.decided_at_s is not None else "-"))
     listing = table(["#", "kind", "change and rationale", "proposer", "verdict and why", "numerics", "speedup",
-                     "ratio (95% CI)", "expected", "decided at"], rows, numeric=(0, 6, 7, 8, 9)) \
+                     "ratio (95% CI)", "step ms", "expected", "decided at"], rows, numeric=(0, 6, 7, 8, 9, 10)) \
         if rows else para("no candidate was evaluated.", "note")
     return section("candidates", "Candidates", para(f"{s.evaluated} evaluated, {s.accepted} accepted. Speedup and "
-                                                    "ratio are against the incumbent at the time; expected: the "
-                                                    "proposer's estimate; decided at: seconds into the run."),
-                   figure(plots.best_so_far([(s.run_id, s)]), "Best-so-far speedup (product of the accepted "
-                          "side-by-side speedups) after each candidate; dashed: the final side-by-side measurement "
-                          "of best against baseline, band: its 95% interval.", "no candidate was evaluated."),
+                                                    "ratio are against the incumbent at the time, side by side; "
+                                                    "step ms: the candidate's step in that measurement; expected: "
+                                                    "the proposer's estimate; decided at: seconds into the run."),
+                   figure(plots.best_so_far([(s.run_id, s)]), BEST_SO_FAR, "no candidate was evaluated."),
                    listing)
 
 

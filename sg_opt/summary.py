@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
-from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState
+from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState, Verdict
 from validators.speedup import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -43,6 +43,8 @@ class CandidateRow(BaseModel):
     ci_low: float | None = None
     ci_high: float | None = None
     speedup: float | None = Field(None, description="1 / ratio: above 1 is faster than the incumbent")
+    step_ms: float | None = Field(None, description="the candidate's own step time in its A/B measurement (the "
+                                                    "median of its block medians, ms; None: not recorded)")
     expected_gain: float | None = None
     wall_s: float = 0.0
     decided_at_s: float | None = Field(None, description="seconds from the run's start to its verdict")
@@ -164,7 +166,9 @@ class Summary(BaseModel):
     numerics: NumericsVerdict | None = None
     best_config: dict[str, Any]
     best_kernels: list[str]
-    est_speedup: float = Field(description="product of the accepted side-by-side speedups")
+    est_speedup: float = Field(description="an estimate (product of accepted ratios, not a measurement): the "
+                                           "accepted side-by-side speedups multiplied; ``final`` is the measured "
+                                           "figure")
     final: FinalMeasurement | None = Field(None, description="baseline vs best, re-measured side by side at the end")
     evaluated: int
     accepted: int
@@ -184,10 +188,20 @@ class Summary(BaseModel):
     lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
     notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
 
+    def measured_curve(self) -> list[float | None]:
+        """The incumbent's step time in ms after 0, 1, 2, ... candidates, each as measured: the baseline's in its A/A
+        calibration, each accepted candidate's in its acceptance run (None where that was not recorded). Products of
+        ratios drift from what is measured (one run's reached x34 where its final measurement said x18.99), so the
+        reports plot these."""
+        levels = [self.baseline_step_ms]
+        for c in self.candidates:
+            levels.append(c.step_ms if c.accepted else levels[-1])
+        return levels
+
     def est_curve(self) -> list[float]:
-        """The incumbent's estimated speedup after 0, 1, 2, ... candidates: the product of the accepted
-        side-by-side speedups, as the agent's own incumbent keeps it (the best-so-far charts and the oracle
-        comparison read it; each run's ``final`` is the measured figure)."""
+        """The incumbent's estimated speedup after 0, 1, 2, ... candidates: an estimate (product of accepted ratios,
+        not a measurement), as the agent's own incumbent keeps it (the oracle comparison of
+        benchmarks/search_vs_optuna.py reads it; the reports plot ``measured_curve``)."""
         levels = [1.0]
         for c in self.candidates:
             levels.append(levels[-1] * (c.speedup if c.accepted and c.speedup else 1.0))
@@ -217,13 +231,26 @@ def _decided_at(run_dir: Path) -> dict[int, float]:
     return {e["id"]: e["t"] - start for e in events if e.get("event") == "decide" and "id" in e}
 
 
+def _candidate_step_ms(v: Verdict) -> float | None:
+    """An accepted candidate's step in the measurement that accepted it: as its verdict recorded it, or, from runs
+    whose verdicts did not record it yet, the last run of its ab.json (None where neither holds it)."""
+    if v.step_ms is not None or not v.accepted or "ab" not in v.artifacts:
+        return v.step_ms
+    try:
+        medians = json.loads(Path(v.artifacts["ab"]).read_text(encoding="utf-8"))["runs"][-1]["b"]["block_medians"]
+        return 1e3 * float(np.median(medians)) if medians else None
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def _row(e: Evaluated, decided_at: dict[int, float]) -> CandidateRow:
     v = e.verdict
     return CandidateRow(id=e.candidate.id, kind=e.candidate.kind, change=e.candidate.change(),
                         proposer=e.candidate.proposer, rationale=e.candidate.rationale, accepted=v.accepted,
                         stage=v.stage, reason=v.reason, numerics_class=v.numerics_class,
                         numerics_detail=v.numerics_detail, ratio=v.ratio, ci_low=v.ci_low, ci_high=v.ci_high,
-                        speedup=1.0 / v.ratio if v.ratio else None, expected_gain=e.candidate.expected_gain,
+                        speedup=1.0 / v.ratio if v.ratio else None, step_ms=_candidate_step_ms(v),
+                        expected_gain=e.candidate.expected_gain,
                         wall_s=v.wall_s, decided_at_s=decided_at.get(e.candidate.id))
 
 

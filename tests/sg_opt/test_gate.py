@@ -1,6 +1,7 @@
-"""The CI gate: its rules on known numbers, then end to end on a temporary git repository holding a
-small target, where an injected slowdown and a change of the math must fail and an unchanged tree pass,
-and against figures saved with `sg-opt bench --save`."""
+"""The CI gate: its rules on known numbers and its extensions on canned measurements, then end to end on a
+temporary git repository holding a small target, where an injected 15% slowdown and a change of the math must
+fail, an unchanged tree pass and an impossible budget end inconclusive, and against figures saved with
+`sg-opt bench --save`."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import sg_opt.gate as gate_module
 from sg_opt import gate_report, saved_baseline
 from sg_opt.cli import app
-from sg_opt.gate import is_regression, judge_step_time
+from sg_opt.gate import (INCONCLUSIVE_EXIT, MAX_REGRESSION, GateOptions, GateResult, Interleaved, NumericsCheck,
+                         StepTimeCheck, holds_a_bound, judge_step_time, outcome, step_verdict, until_clear)
 from sg_opt.gate_report import write_reports
 from targets.worker_client import scrubbed_env
-from targets.worker_protocol import Environment
+from targets.worker_protocol import Environment, WorkerRequest
+from validators.ab_stats import analyse, block_order, bootstrap_ratio_ci, floor_from
+from validators.confirmation import pooled
+from validators.speedup import ABResult, NoiseFloor, SideSummary, spec_digest
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "agent_target.py"
 MODULE = "gate_target"
@@ -30,7 +36,9 @@ TARGET = f"{MODULE}:target"
 # sleep: a short measurement stays steady on a busy machine (the gate's logic is under test, not torch).
 SHORT = ["--target", TARGET, "--size", "tiny", "--threads", "1", "--blocks", "4", "--block-steps", "3",
          "--warmup", "2", "--numerics-steps", "4", "--timeout", "120"]
-SLOWER = ("        self.steps += 1\n", "        self.steps += 1\n        time.sleep(0.02)\n")
+# 2.5 ms more a step: a 15% slowdown of its 17 ms, which the default budget of 5% must fail (measured B/A
+# 1.15-1.17, intervals within 1.14-1.20, floors of 1-3.5%, where identical code passed at 0.996-1.040)
+SLOWER = ("        self.steps += 1\n", "        self.steps += 1\n        time.sleep(0.0025)\n")
 OTHER_MATH = ("self.w -= 0.05 * self.w.grad", "self.w -= 0.04 * self.w.grad")
 
 runner = CliRunner()
@@ -38,35 +46,190 @@ runner = CliRunner()
 
 # -- the rules -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ratio,ci_low,floor,regression", [
-    (1.00, 0.97, 0.02, False),  # noise
-    (1.04, 1.03, 0.02, False),  # real, but within the allowed 5%
-    (1.08, 1.01, 0.02, False),  # beyond 5% by its point, yet the interval touches the floor: not shown
-    (1.10, 1.06, 0.02, True),  # a real 10% slowdown
-    (1.06, 1.04, 0.02, True),  # a real 6% slowdown: the interval need not clear 5%, only the floor
-    (1.20, 1.07, 0.08, False),  # a noisy machine cannot show it
+@pytest.mark.parametrize("ci_low,ci_high,floor,verdict", [
+    (0.97, 1.03, 0.02, "pass"),  # noise
+    (1.01, 1.04, 0.02, "pass"),  # real, but within the allowed 5%
+    (1.06, 1.14, 0.02, "regression"),  # a real 10% slowdown
+    (1.051, 1.07, 0.02, "regression"),  # the whole interval beyond 5%, and the floor below that
+    (1.03, 1.09, 0.02, "inconclusive"),  # a 6% slowdown measured to +-3%: within 5% or not, it cannot say
+    (1.01, 1.05, 0.02, "inconclusive"),  # an upper bound at the budget is not under it
+    (0.98, 1.03, 0.08, "inconclusive"),  # under 5%, but on a machine where A/A runs differ by 8%
+    (1.10, 1.20, 0.159, "inconclusive"),  # a 15% slowdown against a 15.9% floor (the old rule passed it)
+    (1.30, 1.75, 0.627, "inconclusive"),  # a 52% slowdown against a 62.7% floor (likewise)
+    (1.20, 1.30, 0.159, "regression"),  # beyond the allowed 5% and the 15.9% floor
 ])
-def test_regression_rule(ratio, ci_low, floor, regression):
-    assert is_regression(ratio, ci_low, floor, 0.05) is regression
+def test_step_time_rule(ci_low, ci_high, floor, verdict):
+    assert step_verdict(ci_low, ci_high, floor, 0.05) == verdict
 
 
-def test_step_time_check_explains_itself_and_warns_when_the_floor_is_too_wide():
-    check, warnings = judge_step_time(1.10, 1.06, 1.14, 0.02, "test", 0.05, 10.0, 11.0)
-    assert not check.passed and "10.0% slower" in check.message and not warnings
-    check, warnings = judge_step_time(1.01, 0.95, 1.07, 0.08, "test", 0.05, 10.0, 10.1)
-    assert check.passed and len(warnings) == 1 and "wider than the allowed" in warnings[0]
+def test_a_planted_slowdown_fails_and_a_no_op_passes_under_the_default_budget():
+    """On synthetic block medians (2% noise a block): a 15% slowdown is a regression, identical code passes."""
+    rng = np.random.default_rng(1)
+    a = 0.010 * rng.lognormal(0, 0.02, 20)
+    for truth, verdict in ((1.15, "regression"), (1.0, "pass")):
+        b = truth * 0.010 * rng.lognormal(0, 0.02, 20)
+        low, high = bootstrap_ratio_ci(a, b)
+        assert step_verdict(low, high, 0.02, MAX_REGRESSION) == verdict
+
+
+def test_step_time_check_says_why_it_is_inconclusive():
+    check = judge_step_time(1.10, 1.06, 1.14, 0.02, "test", 0.05, 10.0, 11.0)
+    assert check.verdict == "regression" and not check.passed and "10.0% slower" in check.message
+    check = judge_step_time(1.01, 0.95, 1.07, 0.08, "test", 0.05, 10.0, 10.1)
+    assert check.verdict == "inconclusive" and not check.passed
+    assert "noise floor 8.0% is wider than the allowed 5%" in check.message and "holds 1.0500" in check.message
+    check = judge_step_time(1.12, 1.08, 1.16, 0.10, "test", 0.05, 10.0, 11.2)
+    assert "beyond the allowed regression but not clear of the noise floor" in check.message
+
+
+def check_of(verdict: str, ci: tuple[float, float] = (0.99, 1.07), floor: float = 0.02) -> StepTimeCheck:
+    ratio = sum(ci) / 2
+    return StepTimeCheck(verdict=verdict, passed=verdict == "pass", ratio=ratio, ci_low=ci[0], ci_high=ci[1],
+                         floor=floor, floor_source="test", max_regression=0.05, a_ms=10.0, b_ms=10.0 * ratio,
+                         message=verdict)
+
+
+def test_an_inconclusive_check_is_extended_up_to_the_cap_or_until_nothing_more_helps():
+    seen = ["inconclusive", "inconclusive", "pass"]
+    judged = until_clear(lambda: check_of(seen.pop(0)), lambda _: None, GateOptions(), lambda _: None)
+    assert judged.verdict == "pass" and judged.extensions == 2 and judged.message == "pass"
+    judged = until_clear(lambda: check_of("inconclusive"), lambda _: None, GateOptions(max_extensions=2),
+                         lambda _: None)
+    assert judged.extensions == 2 and judged.message.endswith("measured more 2 time(s) of at most 2 (--max-extensions)")
+    judged = until_clear(lambda: check_of("inconclusive"), lambda _: "nothing left to measure", GateOptions(),
+                         lambda _: None)
+    assert judged.extensions == 0 and judged.message.endswith("then stopped: nothing left to measure")
+    numerics_failed = NumericsCheck(passed=False, numerics_class="reorder", steps=4, message="loss differs")
+    extend = gate_module._extension(numerics_failed, lambda _: pytest.fail("measured more after numerics failed"))
+    judged = until_clear(lambda: check_of("inconclusive"), extend, GateOptions(), lambda _: None)
+    assert judged.message.endswith("then stopped: the numerics check fails the gate already")
+
+
+def test_a_bound_in_the_interval_is_what_more_blocks_may_settle():
+    assert holds_a_bound(check_of("inconclusive", (1.03, 1.09)))  # holds 1.05
+    assert not holds_a_bound(check_of("inconclusive", (0.98, 1.03), floor=0.08))  # only the floor is too wide
+    assert holds_a_bound(check_of("inconclusive", (1.06, 1.12), floor=0.08))  # holds 1.08, the floor's bound
+
+
+def test_outcome_and_exit_code():
+    numerics_ok = NumericsCheck(passed=True, numerics_class="reorder", steps=4, message="same")
+    numerics_bad = numerics_ok.model_copy(update={"passed": False})
+    allowed = GateOptions(allow_inconclusive=True)
+    assert outcome(check_of("pass"), numerics_ok, GateOptions()) == ("pass", 0)
+    assert outcome(check_of("regression"), numerics_ok, allowed) == ("regression", 1)
+    assert outcome(check_of("pass"), numerics_bad, GateOptions()) == ("regression", 1)
+    assert outcome(check_of("inconclusive"), numerics_bad, allowed) == ("regression", 1)  # a failure wins
+    assert outcome(check_of("inconclusive"), numerics_ok, GateOptions()) == ("inconclusive", INCONCLUSIVE_EXIT)
+    assert outcome(check_of("inconclusive"), numerics_ok, allowed) == ("inconclusive", 0)
+
+
+# -- the extension, on canned measurements ---------------------------------------------------------
+
+SPEC = WorkerRequest(target=TARGET, size="tiny", mode="bench")
+
+
+def measured(a_medians, b_medians, floor: float = 0.01, labels=("A", "B")) -> ABResult:
+    """A result as measure_ab makes it from both sides' block medians (one step a block)."""
+    stats = analyse([[m] for m in a_medians], [[m] for m in b_medians], floor)
+    sides = [SideSummary(label=label, digest=spec_digest(SPEC), spec=SPEC, block_medians=medians)
+             for label, medians in zip(labels, (stats.a_medians, stats.b_medians))]
+    return ABResult(a=sides[0], b=sides[1], ratio_definition="B_time / A_time", ratio=stats.ratio,
+                    speedup=1 / stats.ratio, ci_low=stats.ci_low, ci_high=stats.ci_high, floor=floor,
+                    verdict=stats.verdict, order=block_order(len(a_medians)), blocks=len(a_medians), steps_per_block=1)
+
+
+def canned(monkeypatch, aa: list[ABResult], ab: list[ABResult]) -> dict[str, int]:
+    """measure_ab and calibrate_noise_floor as the gate calls them, answering from the lists; the calls counted."""
+    calls = {"aa": 0, "ab": 0}
+
+    def calibrate(spec, blocks, steps, timeout_s, repeats=2, **kwargs):
+        runs = [aa.pop(0) for _ in range(repeats)]
+        calls["aa"] += repeats
+        return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)
+
+    def measure(*args, floor=0.01, **kwargs):
+        calls["ab"] += 1
+        return ab.pop(0).model_copy(update={"floor": floor})
+    monkeypatch.setattr(gate_module, "calibrate_noise_floor", calibrate)
+    monkeypatch.setattr(gate_module, "measure_ab", measure)
+    return calls
+
+
+def noisy(seed: int, truth: float = 1.0, sigma: float = 0.04, blocks: int = 6) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(seed)
+    return (0.01 * rng.lognormal(0, sigma, blocks)).tolist(), (truth * 0.01 * rng.lognormal(0, sigma, blocks)).tolist()
+
+
+def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_until_it_is_clear(monkeypatch):
+    """A/A runs of 6 blocks with 4% noise a block set a floor over 5%; more A/A and A/B runs, their block pairs
+    pooled, narrow the floor and the interval until identical code passes."""
+    aa = [measured(*noisy(seed)) for seed in range(6)]
+    ab = [measured(*noisy(100 + seed)) for seed in range(4)]
+    calls = canned(monkeypatch, list(aa), list(ab))
+    measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
+    measurement.measure()
+    assert measurement.floor > MAX_REGRESSION  # the first floor: the worst of two short A/A runs
+    check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
+    assert check.verdict == "pass" and 1 <= check.extensions <= 3, check.message
+    assert calls["ab"] == 1 + check.extensions and 2 < calls["aa"] <= 2 + check.extensions
+    pooled_aa = pooled(aa[:calls["aa"]])
+    assert check.floor == floor_from([(pooled_aa.ratio, pooled_aa.ci_low, pooled_aa.ci_high)]) <= MAX_REGRESSION
+    assert "pooled" in check.floor_source and measurement.result.pools == 1 + check.extensions
+    assert measurement.result.floor == check.floor
+
+
+def test_a_clear_interval_under_a_wide_floor_extends_the_floor_only(monkeypatch):
+    aa = [measured(*noisy(seed)) for seed in range(2)] + [measured([0.01] * 6, [0.01] * 6)] * 3
+    same = [0.01, 0.0101, 0.0099, 0.01, 0.0101, 0.0099]
+    calls = canned(monkeypatch, aa, [measured(same, same)])
+    measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
+    measurement.measure()
+    check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
+    assert calls["ab"] == 1 and calls["aa"] > 2 and check.verdict == "pass"
+
+
+# -- the reports -----------------------------------------------------------------------------------
+
+def result_of(step: StepTimeCheck, options: GateOptions = GateOptions()) -> GateResult:
+    numerics = NumericsCheck(passed=True, numerics_class="reorder", steps=4, message="same")
+    return gate_module._result("ref", SPEC, "A", "B", step, numerics, [], 0.0, options)
+
+
+@pytest.mark.parametrize("verdict,allowed,first_line,failures,skipped,code", [
+    ("pass", False, "## sg-opt gate: pass", "0", "0", 0),
+    ("regression", False, "## sg-opt gate: regression (step time, +3.0%)", "1", "0", 1),
+    ("inconclusive", False, "## sg-opt gate: inconclusive (step time)", "1", "0", 3),
+    ("inconclusive", True, "## sg-opt gate: inconclusive (step time, let through by --allow-inconclusive)", "0",
+     "1", 0),
+])
+def test_junit_and_summary_say_which_outcome(verdict, allowed, first_line, failures, skipped, code):
+    result = result_of(check_of(verdict), GateOptions(allow_inconclusive=allowed))
+    assert result.exit_code == code and result.passed is (verdict == "pass")
+    assert gate_report.markdown(result).splitlines()[0] == first_line
+    suite = ET.fromstring(gate_report.junit(result).split("\n", 1)[1])
+    assert (suite.get("failures"), suite.get("skipped")) == (failures, skipped)
+    step = next(c for c in suite.iter("testcase") if c.get("name") == "step-time")
+    marked = step.find("failure") if step.find("failure") is not None else step.find("skipped")
+    assert (marked is None) is (verdict == "pass")
+    if marked is not None:
+        assert marked.get("type") == verdict and marked.get("message").startswith(verdict)
+    if verdict == "inconclusive":
+        assert ("INCONCLUSIVE" in result.warnings[0]) is allowed and "neither within the allowed 5%" in \
+            result.warnings[0]
 
 
 def test_unpaired_comparison_separates_noise_from_a_real_slowdown():
+    """Steps with 5% noise: the unpaired floor (2% + both sides' spreads) is near 9%, too wide to show that identical
+    code is within 5%, wide enough to show a 15% slowdown."""
     rng = np.random.default_rng(0)
     saved = [(0.01 * rng.lognormal(0, 0.05, 20)).tolist() for _ in range(2)]
-    for truth, regression in ((1.0, False), (1.15, True)):
+    for truth, verdicts in ((1.0, ("inconclusive", "pass")), (1.15, ("regression", "regression"))):
         current = [(0.01 * truth * rng.lognormal(0, 0.05, 20)).tolist() for _ in range(2)]
         ratio, low, high = saved_baseline.unpaired_ratio(saved, current)
         floor = saved_baseline.unpaired_floor(saved_baseline.block_medians(saved),
                                               saved_baseline.block_medians(current))
         assert low <= ratio <= high and floor >= saved_baseline.UNPAIRED_MIN_FLOOR
-        assert is_regression(ratio, low, floor, 0.05) is regression
+        assert tuple(step_verdict(low, high, floor, budget) for budget in (0.05, 0.10)) == verdicts
 
 
 def test_a_worker_in_another_tree_imports_from_it_not_from_here(tmp_path):
@@ -133,21 +296,24 @@ def test_unchanged_tree_passes_with_reports(repo, tmp_path, monkeypatch):
     result = gate("--ref", "HEAD", "--blocks", "6", "--junit", str(tmp_path / "gate.xml"), "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["passed"] and report["mode"] == "ref" and report["step_time"]["floor_source"].startswith("2 ")
+    assert report["passed"] and report["outcome"] == "pass" and report["mode"] == "ref"
+    assert report["step_time"]["floor_source"].startswith("2 ")
     assert report["ab"]["a"]["root"] != report["ab"]["b"]["root"] is None  # A ran in the checkout of HEAD
     suite = ET.parse(tmp_path / "gate.xml").getroot()
     assert suite.get("failures") == "0" and [c.get("name") for c in suite.iter("testcase")] == ["step-time", "numerics"]
-    assert "sg-opt gate: passed" in summary.read_text()
+    assert summary.read_text().startswith("## sg-opt gate: pass\n")
     assert worktrees(repo) == 1  # the checkout of the ref is gone
 
 
 def test_injected_slowdown_fails(repo, tmp_path):
     commit_change(repo, SLOWER, "sleep in the step")
-    result = gate("--ref", "HEAD~1", "--floor", "0.1", "--junit", str(tmp_path / "gate.xml"))
+    result = gate("--ref", "HEAD~1", "--aa-runs", "1", "--junit", str(tmp_path / "gate.xml"))
     assert result.exit_code == 1, result.output
-    assert "FAIL" in result.stdout and "slower" in result.stdout
-    failures = {c.get("name"): c.find("failure") for c in ET.parse(tmp_path / "gate.xml").getroot().iter("testcase")}
-    assert failures["step-time"] is not None and "slower than A" in failures["step-time"].get("message")
+    assert "REGRESSION" in result.stdout and "slower" in result.stdout
+    suite = ET.parse(tmp_path / "gate.xml").getroot()
+    failures = {c.get("name"): c.find("failure") for c in suite.iter("testcase")}
+    assert suite.get("failures") == "1" and failures["step-time"].get("type") == "regression"
+    assert "slower than A" in failures["step-time"].get("message")
     assert failures["numerics"] is None  # a sleep changes no number
 
 
@@ -157,13 +323,14 @@ def test_a_base_tree_checked_out_already_is_compared_as_a_ref(repo, tmp_path):
     base.mkdir()
     shutil.copy(repo / f"{MODULE}.py", base / f"{MODULE}.py")
     change(repo / f"{MODULE}.py", SLOWER)
-    result = gate("--ref-tree", str(base), "--floor", "0.1", "--json")
+    result = gate("--ref-tree", str(base), "--floor", "0.03", "--json")
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert not report["step_time"]["passed"] and report["numerics"]["passed"]
     assert report["ab"]["a"]["root"] == str(base.resolve()) and report["ab"]["b"]["root"] is None
     for args, words in ((("--ref-tree", str(tmp_path / "nowhere")), "is not a folder"),
-                        (("--ref-tree", str(base), "--ref", "HEAD"), "give exactly one of")):
+                        (("--ref-tree", str(base), "--ref", "HEAD"), "give exactly one of"),
+                        (("--ref-tree", str(base), "--floor", "0.1"), "is wider than --max-regression 0.05")):
         result = gate(*args)
         output = " ".join(result.output.split())  # rich wraps long lines
         assert result.exit_code == 2 and words in output and "Traceback" not in output
@@ -171,11 +338,33 @@ def test_a_base_tree_checked_out_already_is_compared_as_a_ref(repo, tmp_path):
 
 def test_changed_math_fails_the_numerics(repo):
     commit_change(repo, OTHER_MATH, "another learning rate")
-    result = gate("--ref", "HEAD~1", "--floor", "0.1", "--json")
+    result = gate("--ref", "HEAD~1", "--floor", "0.03", "--max-regression", "0.5", "--json")
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
-    assert report["step_time"]["passed"] and not report["numerics"]["passed"]
+    assert report["step_time"]["passed"] and not report["numerics"]["passed"] and report["outcome"] == "regression"
     assert report["numerics"]["verdict"]["failed_quantity"] == "loss"
+
+
+def test_an_inconclusive_gate_measures_more_then_exits_3_unless_allowed(repo, tmp_path):
+    """An allowed regression of 0.1% is below any floor this machine can calibrate (at least 1%): no measurement
+    can pass it, so the gate extends once (the cap) and exits 3; --allow-inconclusive makes that 0, loudly."""
+    tight = ("--ref", "HEAD", "--max-regression", "0.001", "--aa-runs", "1")
+    result = gate(*tight, "--max-extensions", "1", "--junit", str(tmp_path / "gate.xml"), "--json")
+    assert result.exit_code == INCONCLUSIVE_EXIT, result.output
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "inconclusive" and not report["passed"]
+    step = report["step_time"]
+    assert step["verdict"] == "inconclusive" and step["extensions"] == 1 and "pooled" in step["floor_source"]
+    assert "of at most 1 (--max-extensions)" in step["message"] and report["warnings"][0].startswith("inconclusive")
+    suite = ET.parse(tmp_path / "gate.xml").getroot()
+    assert suite.get("failures") == "1" and next(suite.iter("failure")).get("type") == "inconclusive"
+
+    result = gate(*tight, "--max-extensions", "0", "--allow-inconclusive", "--junit", str(tmp_path / "allowed.xml"))
+    assert result.exit_code == 0, result.output
+    assert "INCONCLUSIVE, let through by --allow-inconclusive" in " ".join(result.stdout.split())
+    suite = ET.parse(tmp_path / "allowed.xml").getroot()
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "1")
+    assert worktrees(repo) == 1
 
 
 def test_set_up_errors_are_one_sentence_exit_2(repo, tmp_path, monkeypatch):
@@ -206,7 +395,8 @@ def test_saved_baseline_passes_unchanged_and_refuses_another_device(repo, tmp_pa
     assert record.numerics.losses
     assert record.host.cpu_model and record.request.target == TARGET and record.commit
 
-    result = runner.invoke(app, ["gate", "--baseline", str(saved), "--json"])
+    # unpaired, the floor is 2% + both sides' spreads: a budget of 30% is one it can show on a busy machine
+    result = runner.invoke(app, ["gate", "--baseline", str(saved), "--max-regression", "0.3", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["mode"] == "baseline" and report["passed"] and report["numerics"]["passed"]

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from profilers.records import ProfileResult
 from sg_opt.cli import app
-from sg_opt.report import report_markdown
+from sg_opt import plots
+from sg_opt.report import report_markdown, result_line
 from sg_opt.report_html import render_html
 from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary, phase_breakdowns
 
@@ -46,6 +47,7 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     assert s["version"] == SUMMARY_SCHEMA_VERSION == 2
     (win, crash) = s["candidates"]
     assert win["accepted"] and win["speedup"] > 1 and win["decided_at_s"] > 0
+    assert 0 < win["step_ms"] < s["baseline_step_ms"] and crash["step_ms"] is None  # measured in its acceptance run
     assert not crash["accepted"] and "SIGSEGV" in crash["reason"]
     for side in ("baseline_step", "best_step"):
         t = s[side]
@@ -94,6 +96,35 @@ def test_a_run_writes_every_report_with_intervals_numerics_and_phases(agent_run)
     assert "calibrated again on faster incumbents" in page
     assert not re.search(r'<script|<link|@import|(src|href)="(https?:)?//|url\((https?:)?//', page)
     assert 'slow_loader = false' in (agent_run / "best_config.toml").read_text()
+    # measured figures only: the final measurement is the headline, the plot draws measured step times
+    assert f"**x{s['final']['speedup']:.2f} faster than the baseline, measured side by side" in md
+    assert "estimate" not in md.lower() and "estimate" not in page.replace("the proposer&#x27;s estimate", "").lower()
+    assert f"| {win['step_ms']:.2f} |" in md and "measured in its acceptance run" in page
+
+
+def test_progress_is_drawn_from_measured_step_times_and_an_estimate_is_never_a_headline():
+    """The `xl` run on an H200 whose accepted ratios multiply to x17.77 against its final measurement's x17.40: the
+    best-so-far plot draws each incumbent's step as measured in its acceptance run, with the final measurement as
+    its headline; without a final measurement the estimate is a labelled table row, not the result."""
+    s = Summary.model_validate_json((FIXTURES / "h200_xl_s23_summary.json").read_text())
+    accepted = [c.id for c in s.candidates if c.accepted]
+    steps = {cid: ms for cid, ms in zip(accepted, (290.0, 76.9, 27.8, 27.2, 28.4))}
+    s = s.model_copy(update={"candidates": [c.model_copy(update={"step_ms": steps.get(c.id)}) for c in s.candidates]})
+    curve = s.measured_curve()
+    assert curve[0] == s.baseline_step_ms and curve[-1] == 28.4
+    assert [curve[n] for n, c in enumerate(s.candidates, start=1) if c.accepted] == [290.0, 76.9, 27.8, 27.2, 28.4]
+    svg = plots.best_so_far([(s.run_id, s)])
+    assert "final side by side against the baseline: x17.40" in _svg_text(svg)
+    unfinished = s.model_copy(update={"final": None})
+    for text in (report_markdown(unfinished), render_html(unfinished)):
+        assert "no measured speedup" in text and "x17.77" in text
+        assert "estimate (product of accepted ratios, not a measurement)" in text
+    assert "x17.77" not in report_markdown(s) and "estimate" not in result_line(unfinished)
+
+
+def _svg_text(svg: str) -> str:
+    """The titles of a plot: matplotlib writes text as paths, and each text's words into a comment beside it."""
+    return " ".join(re.findall(r"<!-- (.*?) -->", svg))
 
 
 def test_report_rebuilds_the_same_files_from_a_moved_run_directory(agent_run, tmp_path):
