@@ -19,6 +19,7 @@ from rich.text import Text
 
 from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import check_reachable, make_client
+from sg_opt.redact import resolve_base_url
 from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, create_run, find_run
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
@@ -57,8 +58,10 @@ def check_gpus(gpus: int, ranks: int, device: str) -> None:
         raise ConfigError(f"--gpus {gpus} asks for more GPUs than the {torch.cuda.device_count()} visible here")
 
 
-def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunState]:
-    """The context and initial state of a run; raises ConfigError for anything the user must fix."""
+def build_context(request: RunRequest, run_dir: Path,
+                  base_url_given: str | None = None) -> tuple[RunContext, RunState]:
+    """The context and initial state of a run; raises ConfigError for anything the user must fix.
+    ``base_url_given``: the endpoint with its credentials, where the request stores them blanked."""
     target = resolve_target(request.target)
     target.check_size(request.size)
     target.check_ranks(request.ranks)
@@ -68,18 +71,22 @@ def build_context(request: RunRequest, run_dir: Path) -> tuple[RunContext, RunSt
     tier = tiers.tier(request.tier)
     check_search(request.search, tier.name)
     budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
-    llm = make_client(tier, request.base_url, request.model, request.llm_timeout_s)
-    if llm is not None and request.base_url:
-        check_reachable(request.base_url)
+    base_url = resolve_base_url(request.base_url, base_url_given)
+    llm = make_client(tier, base_url, request.model, request.llm_timeout_s)
+    if llm is not None and base_url:
+        check_reachable(base_url)
     ledger = TokenLedger(run_dir, tiers.prices, budget, models=[llm.model] if llm else [])
     ledger.path.touch()  # every run has a ledger, even one that makes no call
     policy = ProposerPolicy(tier=tier.name, search=request.search,
                             candidates_per_iteration=tier.candidates_per_iteration, kinds=tuple(tier.kinds),
-                            reasoning_effort=tier.reasoning_effort, max_output_tokens=tier.max_output_tokens)
+                            reasoning_effort=tier.reasoning_effort, max_output_tokens=tier.max_output_tokens,
+                            reply_repairs=tier.reply_repairs, kernel_repairs=tier.kernel_repairs)
     ctx = RunContext(target=target, policy=policy, llm=llm, ledger=ledger,
                      write_report=lambda state: write_report(state, target))
     try:
-        plan = EvalPlan(**request.plan)
+        # a tier that rewrites kernels gets each slot's time and roofline position (the fine profile) in its prompt
+        fine = {"fine_profile": True} if llm is not None and "kernel" in tier.kinds and target.kernel_slots else {}
+        plan = EvalPlan(**(fine | request.plan))
     except ValueError as exc:
         raise ConfigError(f"bad evaluation plan: {exc}") from None
     state = RunState(run_id=request.run_id, run_dir=str(run_dir), target=request.target, size=request.size,
@@ -139,6 +146,10 @@ class LiveView:
         elif kind == "validated":
             took = f" after {record['wall_s']:.0f} s (build {record['build_s']:.0f} s)" if "wall_s" in record else ""
             line = f"#{record['id']} numerics hold ({record['numerics_class']}){took}; timing it"
+        elif kind == "llm-warning":
+            line = f"LLM spend: {record['reason']}"
+        elif kind == "kernel-repair":
+            line = f"#{record['of']} goes back to the LLM with its verdict: {record['reason']}"
         elif kind == "paused":
             line = f"paused before {record['node']}: {record['reason']}"
         elif kind == "profile-disturbed":
@@ -213,7 +224,7 @@ def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
           pause_after_s: float | None = None) -> tuple[RunState, Summary]:
     run_dir = create_run(out, request)
     try:
-        ctx, state = build_context(request, run_dir)
+        ctx, state = build_context(request, run_dir, request.base_url)
     except ConfigError:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: leave no empty run behind
         raise
@@ -221,9 +232,9 @@ def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
 
 
 def resume(run_id: str, out: str, console: Console, quiet: bool = False,
-           pause_after_s: float | None = None) -> tuple[RunState, Summary]:
+           pause_after_s: float | None = None, base_url: str | None = None) -> tuple[RunState, Summary]:
     run_dir, request = find_run(out, run_id)
-    ctx, initial = build_context(request, run_dir)
+    ctx, initial = build_context(request, run_dir, base_url)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
         graph.relocate(ctx, run_dir, request.run_id)  # moved, or resumed from another working directory

@@ -1,6 +1,6 @@
 """Run directories: where one `sg-opt optimize` run keeps everything, and how a killed run is found again.
 
-``runs/<run-id>/run.json`` holds the request exactly as the user made it (never a key or token), so
+``runs/<run-id>/run.json`` holds the request as the user made it (never a key, token or URL credentials), so
 ``--resume <run-id>`` rebuilds the same target, tier, client and ledger and continues the graph from
 its last SQLite checkpoint in the same directory.
 """
@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
+from sg_opt.redact import redact_url
 from targets.protocol import ConfigError
 
 RUN_SCHEMA_VERSION = 1
@@ -47,6 +48,11 @@ class RunRequest(BaseModel):
     allow_model_changes: bool = False
     plan: dict[str, Any] = Field(default_factory=dict, description="EvalPlan overrides")
     created: float = Field(default_factory=time.time)
+
+    @field_serializer("base_url")
+    def _without_secrets(self, url: str | None) -> str | None:
+        """Credentials in the URL are blanked wherever a request is written; a resume gets them again."""
+        return redact_url(url)
 
 
 def new_run_id(target: str, size: str, tier: str) -> str:

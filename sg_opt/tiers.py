@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from targets.protocol import ConfigError
 
@@ -36,7 +36,7 @@ class Price(BaseModel):
 
 
 class Tier(BaseModel):
-    """One tier: model and effort, iteration and candidate limits, candidate kinds, $ budget."""
+    """One tier: model and effort, iteration and candidate limits, candidate kinds, $ budget, repair rounds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,6 +48,14 @@ class Tier(BaseModel):
     kinds: tuple[Literal["knob", "kernel"], ...] = Field(min_length=1)
     budget_usd: float = Field(ge=0)
     max_output_tokens: int = Field(16000, ge=1)
+    reply_repairs: int = Field(1, ge=0)
+    kernel_repairs: int = Field(0, ge=0)
+
+    @field_validator("reasoning_effort", mode="before")
+    @classmethod
+    def _unset_effort(cls, value: object) -> object:
+        """TOML has no null: "" (or false) takes a packaged tier's effort away, for models that refuse it."""
+        return None if value == "" or value is False else value
 
     @property
     def uses_llm(self) -> bool:

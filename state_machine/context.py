@@ -28,6 +28,8 @@ class ProposerPolicy:
     kinds: tuple[str, ...] = ("knob",)
     reasoning_effort: str | None = None
     max_output_tokens: int = 8000
+    reply_repairs: int = 1  # turns that send a malformed reply's error back before the proposal fails
+    kernel_repairs: int = 0  # rounds that send a rejected or slower kernel back, per rewrite
 
 
 @dataclass

@@ -18,7 +18,7 @@ from profilers.client import run_profile
 from profilers.records import ProfileRequest
 from state_machine.context import RunContext
 from state_machine.lanes import batch_size, concurrent, noise_floor
-from state_machine.llm_interfaces import BudgetExceeded, LLMError
+from state_machine.llm_interfaces import BudgetExceeded, DeadlineReached, LLMError
 from state_machine.proposers import Proposal
 from state_machine.proposers.llm import propose_llm
 from state_machine.proposers.offline import propose_offline
@@ -179,7 +179,7 @@ def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
         path.write_text(source, encoding="utf-8")
         files[slot] = str(path)
     return Candidate(id=cid, kind=proposal.kind, patch=proposal.patch, kernels=files, rationale=proposal.rationale,
-                     proposer=proposal.proposer, expected_gain=proposal.expected_gain)
+                     proposer=proposal.proposer, expected_gain=proposal.expected_gain, repair_of=proposal.repair_of)
 
 
 def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, Any]]:
@@ -190,6 +190,8 @@ def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, An
         return propose_llm(state, ctx), {"proposer_failures": []}
     except BudgetExceeded as exc:
         return [], {"stop_reason": f"budget: {exc}"}
+    except DeadlineReached as exc:
+        return [], {"stop_reason": f"max-minutes: {exc}"}
     except LLMError as exc:
         if getattr(exc, "fatal", False):
             return [], {"stop_reason": f"error: {exc}"}
@@ -261,9 +263,11 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
                                 "pass --allow-model-changes to allow that")
     for slot_name, path in cand.kernels.items():
         try:
-            ctx.target.slot(slot_name)
+            unused = ctx.target.slot(slot_name).unused_reason(resolved)
         except ConfigError as exc:
             return rejected("check", str(exc))
+        if unused is not None:
+            return rejected("check", unused)
         verdict = check_source(Path(path).read_text(encoding="utf-8"), slot_name)
         if not verdict.ok:
             return rejected("check", verdict.message)

@@ -248,6 +248,20 @@ class KernelSlot:
     cost: Callable[[Mapping[str, int], torch.dtype], FlopsBytes]
     shapes: tuple[Mapping[str, int], ...] = ()
     why: str = ""
+    # Whether training ever calls a replacement: False for a slot kept for kernel work alone (benchmarks, the
+    # fine profile), which a proposer must not be offered.
+    in_training: bool = True
+    used_when: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (knob, values): training calls a replacement only then
+
+    def unused_reason(self, config: Mapping[str, Any]) -> str | None:
+        """Why training under a resolved config would not call a replacement of this slot, or None."""
+        if not self.in_training:
+            return f"training never calls kernel slot {self.name}; it is there for kernel work only"
+        unmet = [f"{knob} {' or '.join(map(str, values))} (it is {config.get(knob)})"
+                 for knob, values in self.used_when if config.get(knob) not in values]
+        if unmet:
+            return f"training calls a replacement of kernel slot {self.name} only with {' and '.join(unmet)}"
+        return None
 
 
 @runtime_checkable

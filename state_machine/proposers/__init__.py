@@ -20,6 +20,7 @@ class Proposal:
     proposer: str
     kernel_sources: dict[str, str] = field(default_factory=dict)  # slot -> source text
     expected_gain: float | None = None
+    repair_of: int | None = None  # the rejected kernel candidate this one repairs (proposers.kernel_repair)
 
 
 Pairs = frozenset[tuple[str, str]]

@@ -1,41 +1,31 @@
-"""The LLM proposer (tiers ``normal`` and ``ultra``): findings and history in, JSON-schema candidates out.
+"""The LLM proposer (tiers ``normal`` and ``ultra``): the prompt in, JSON-schema candidates out.
 
-The prompt carries what a performance engineer would want on one page: the measured findings, the
-knob space with each knob's reason, domain, numerics class and current value, the history of
-candidates with their verdicts, and, when the tier may rewrite kernels, each kernel slot's call
-signature, shape contract, current source and torch reference. The reply must match
-``REPLY_SCHEMA`` (strict structured outputs): a list of candidates, each a knob patch and/or one
-slot's full replacement source, with a rationale. Values arrive as strings and are parsed against
-their knob here; anything unparseable is passed through so the check node rejects it with a reason.
-
-Every call is authorised by the ledger first (worst case must fit the budget) and recorded after,
-successful or not.
+The prompt (``state_machine.prompt``) carries the run's measurements, knobs, offered kernel slots and history;
+after a round whose LLM kernel was rejected or not faster, the call is a kernel repair instead
+(``kernel_repair``): the source goes back with its verdict. The reply must match ``REPLY_SCHEMA`` (strict
+structured outputs) and is validated as ``Reply``, which also takes what servers that do not enforce the
+schema send: knob values as JSON numbers or booleans, nulls for empty strings, knob changes as an object.
+Each value is parsed against its knob; anything unparseable is passed through so the check node rejects it
+with a reason. The call itself (ledger, deadline, reuse on resume, repair turns) is ``llm_conversation``'s.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-from pathlib import Path
+import re
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
 from state_machine.context import RunContext
-from state_machine.llm_interfaces import LLMError, estimate_tokens
+from state_machine.llm_conversation import Ask, converse
+from state_machine.prompt import SYSTEM, build_messages, build_prompt  # noqa: F401 (the proposer's prompt)
 from state_machine.proposers import Proposal
-from state_machine.state import RunState
-from targets.protocol import ConfigError, KnobSpace, Target
+from state_machine.proposers.kernel_repair import repair_request, repair_target
+from state_machine.state import Candidate, RunState
+from targets.protocol import ConfigError, KnobSpace
 
 NODE = "propose"
-SYSTEM = (
-    "You are sg-opt, a performance engineer for sparse-model training jobs (recommendation, search, ads, "
-    "extreme multi-label). You make a training step faster WITHOUT changing what it computes beyond the numerics "
-    "class each knob declares. Every candidate you propose is checked statically, validated against the torch "
-    "reference on fresh random inputs and against the baseline's training trajectory, then timed side by side "
-    "against the incumbent; only a confirmed, significant speedup is kept. Propose the changes with the largest "
-    "expected gain on the measured bottleneck. Do not repeat a rejected change. Kernel sources must define a "
-    "function named after the slot with exactly the slot's signature, may import only torch, triton, "
-    "triton.language and math, and must return a fresh output tensor."
-)
+SCHEMA_NAME = "sg_opt_candidates"
 REPLY_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["candidates"],
     "properties": {"candidates": {"type": "array", "items": {
@@ -50,103 +40,99 @@ REPLY_SCHEMA: dict[str, Any] = {
             "kernel_source": {"type": "string", "description": "full Python source of the slot, or empty"},
         }}}},
 }
-MAX_HISTORY = 30
+Scalar = str | int | float | bool | None
+SAFE_SLOT = re.compile(r"[^A-Za-z0-9_]")
 
 
-def _knob_lines(space: KnobSpace, state: RunState) -> list[str]:
-    current = space.resolve(state.incumbent.config)
-    lines = []
-    for knob in space.tunable(state.ranks):
-        if knob.numerics == "model" and not state.allow_model_changes:
-            continue
-        lines.append(f"- {knob.name} = {current[knob.name]!r} (domain {knob.domain(state.ranks)}; "
-                     f"numerics {knob.numerics_text()}; {knob.category}): {knob.why}")
-    return lines
+class KnobChange(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    knob: str
+    value: Scalar
 
 
-def _history_lines(state: RunState) -> list[str]:
-    lines = []
-    for e in state.history[-MAX_HISTORY:]:
-        change = ", ".join(f"{k}={v!r}" for k, v in e.candidate.patch.items())
-        if e.candidate.kernels:
-            change += (", " if change else "") + "kernel " + ", ".join(e.candidate.kernels)
-        ratio = f", ratio {e.verdict.ratio:.3f}" if e.verdict.ratio is not None else ""
-        status = "ACCEPTED" if e.verdict.accepted else f"rejected at {e.verdict.stage}"
-        lines.append(f"- #{e.candidate.id} {change or '(nothing)'}: {status}{ratio}: {e.verdict.reason}")
-    return lines or ["- none yet"]
+class CandidateReply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rationale: str = ""
+    knob_changes: list[KnobChange] = []
+    kernel_slot: str = ""
+    kernel_source: str = ""
+
+    @field_validator("rationale", "kernel_slot", "kernel_source", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    @field_validator("knob_changes", mode="before")
+    @classmethod
+    def _object_is_a_list(cls, value: Any) -> Any:
+        """``{"knob": value, ...}`` as the list the schema asks for; null as none."""
+        if value is None:
+            return []
+        if isinstance(value, dict) and not {"knob", "value"} <= set(value):
+            return [{"knob": k, "value": v} for k, v in value.items()]
+        return [value] if isinstance(value, dict) else value
 
 
-def _slot_sections(target: Target, state: RunState) -> list[str]:
-    sections = []
-    for slot in target.kernel_slots:
-        current = state.incumbent.kernels.get(slot.name)
-        source = Path(current).read_text() if current else None
-        try:
-            reference = inspect.getsource(slot.reference)
-        except (OSError, TypeError):
-            reference = "(source unavailable)"
-        shapes = "; ".join(", ".join(f"{k}={v}" for k, v in s.items()) for s in slot.shapes) or "see signature"
-        sections.append(f"### slot {slot.name}({slot.signature})\n{slot.why}\nshapes: {shapes}\n"
-                        f"current implementation: {'replaced, source below' if source else 'the torch reference'}\n"
-                        f"```python\n{source or reference}\n```")
-    return sections
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    candidates: list[CandidateReply]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_list(cls, data: Any) -> Any:
+        return {"candidates": data} if isinstance(data, list) else data
 
 
-def build_prompt(state: RunState, ctx: RunContext) -> str:
-    target, policy = ctx.target, ctx.policy
-    step = f"{state.baseline.step_ms:.2f} ms" if state.baseline else "unknown"
-    findings = [f"- {f.category} (share {f.share:.1%}, Amdahl gain x{f.amdahl_gain:.2f}): {f.evidence}"
-                for f in state.findings] or ["- no profile findings"]
-    parts = [
-        f"Target {target.name} ({target.description}), size {state.size}, device {state.device}.",
-        f"Baseline step {step}; the incumbent is an estimated x{state.incumbent.est_speedup:.2f} faster.",
-        "## Findings (largest expected gain first)", *findings,
-        "## Knobs (current value first)", *_knob_lines(target.knob_space, state),
-        "## History", *_history_lines(state),
-    ]
-    kernels = "kernel" in policy.kinds and target.kernel_slots
-    if kernels:
-        parts += ["## Kernel slots (you may replace one slot per candidate)", *_slot_sections(target, state)]
-    parts.append(f"Propose up to {policy.candidates_per_iteration} candidate(s). "
-                 + ("Each may change knobs and/or replace one kernel slot." if kernels else
-                    "Change knobs only; leave kernel_slot and kernel_source empty."))
-    return "\n".join(parts)
-
-
-def _parse_value(space: KnobSpace, name: str, text: str) -> Any:
+def parse_value(space: KnobSpace, name: str, value: Scalar) -> Any:
+    """A reply's value as the knob's own (a JSON 2.0 for an int knob included); as sent when it does not parse."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float) and value.is_integer():
+        text = str(int(value))
+    else:
+        text = "" if value is None else str(value)
     try:
         return space[name].parse(text)
     except ConfigError:
-        return text  # the check node rejects it, naming the knob and its domain
+        return value  # the check node rejects it, naming the knob and its domain
 
 
-def to_proposals(reply: dict[str, Any], state: RunState, ctx: RunContext) -> list[Proposal]:
+def to_proposals(reply: Reply | dict[str, Any], state: RunState, ctx: RunContext,
+                 repair_of: int | None = None) -> list[Proposal]:
+    """The reply's candidates (at most candidates_per_iteration); ``repair_of``: the candidate a kernel repair
+    call sent back, which its rewrites of the same slot repair."""
+    reply = reply if isinstance(reply, Reply) else Reply.model_validate(reply)
+    repaired_slots = set(_candidate(state, repair_of).kernels) if repair_of is not None else set()
     proposals = []
-    for item in reply.get("candidates", [])[: ctx.policy.candidates_per_iteration]:
-        patch = {c["knob"]: _parse_value(ctx.target.knob_space, c["knob"], c["value"])
-                 for c in item.get("knob_changes", [])}
-        slot, source = item.get("kernel_slot", "").strip(), item.get("kernel_source", "")
-        sources = {slot: source} if slot and source.strip() else {}
+    for item in reply.candidates[: ctx.policy.candidates_per_iteration]:
+        patch = {c.knob: parse_value(ctx.target.knob_space, c.knob, c.value) for c in item.knob_changes}
+        slot = SAFE_SLOT.sub("_", item.kernel_slot.strip())[:64]  # it names a file before the check node runs
+        sources = {slot: item.kernel_source} if slot and item.kernel_source.strip() else {}
         proposals.append(Proposal(kind="kernel" if sources else "knob", patch=patch, kernel_sources=sources,
-                                  rationale=item.get("rationale", "").strip() or "(no rationale given)",
-                                  proposer=f"llm:{ctx.policy.tier}"))
+                                  rationale=item.rationale.strip() or "(no rationale given)",
+                                  proposer=f"llm:{ctx.policy.tier}",
+                                  repair_of=repair_of if set(sources) & repaired_slots else None))
     return proposals
 
 
+def _candidate(state: RunState, cid: int) -> Candidate:
+    return next(e.candidate for e in state.history if e.candidate.id == cid)
+
+
 def propose_llm(state: RunState, ctx: RunContext) -> list[Proposal]:
-    """One ledger-authorised LLM call; raises BudgetExceeded or LLMError for the node to handle."""
+    """One LLM call (a kernel repair where one is due); raises BudgetExceeded, DeadlineReached or LLMError for
+    the node to handle."""
     if ctx.llm is None or ctx.ledger is None:
         raise RuntimeError(f"tier {ctx.policy.tier} needs an LLM client and a ledger")
-    prompt = build_prompt(state, ctx)
-    policy = ctx.policy
-    ctx.ledger.authorize(NODE, policy.tier, ctx.llm.model, estimate_tokens(SYSTEM, prompt, json.dumps(REPLY_SCHEMA)), policy.max_output_tokens)
-    try:
-        reply = ctx.llm.complete(SYSTEM, prompt, REPLY_SCHEMA, "sg_opt_candidates", policy.max_output_tokens,
-                                 policy.reasoning_effort)
-    except LLMError as exc:
-        ctx.ledger.record(NODE, policy.tier, ctx.llm.model, exc.usage, exc.latency_s, ok=False)
-        raise
-    ctx.ledger.record(NODE, policy.tier, ctx.llm.model, reply.usage, reply.latency_s)  # priced as configured
-    ctx.event(state.run_dir, "llm-call", tier=policy.tier, model=reply.model, usage=reply.usage.model_dump(),
-              latency_s=reply.latency_s, prompt_chars=len(prompt), reply=json.dumps(reply.data)[:2000])
-    return to_proposals(reply.data, state, ctx)
+    entry = repair_target(state, ctx.policy)
+    request = repair_request(state, entry, ctx.policy) if entry is not None else ""
+    if entry is not None:
+        ctx.event(state.run_dir, "kernel-repair", of=entry.candidate.id, slots=list(entry.candidate.kernels),
+                  stage=entry.verdict.stage, reason=entry.verdict.reason)
+    ask = Ask(NODE, "kernel-repair" if entry is not None else "propose", build_messages(state, ctx, request),
+              REPLY_SCHEMA, SCHEMA_NAME)
+    reply = converse(state, ctx, ask, Reply)
+    return to_proposals(reply, state, ctx, entry.candidate.id if entry is not None else None)

@@ -157,7 +157,7 @@ EMBEDDING_SLOTS: tuple[KernelSlot, ...] = (
         signature="embedding_pool_forward(ids: int64 [N], offsets: int64 [bags], weights: [N] | None, "
                   "rows: [R, D]) -> pooled: [bags, D]",
         reference=pool_forward_reference, make_inputs=pool_forward_inputs, cost=pool_forward_cost,
-        shapes=EMBEDDING_SHAPES,
+        shapes=EMBEDDING_SHAPES, in_training=False,
         why="sum-pooled lookups of every table in one row space: a gather of looked-up rows, bandwidth-bound",
     ),
     KernelSlot(
@@ -165,7 +165,7 @@ EMBEDDING_SLOTS: tuple[KernelSlot, ...] = (
         signature="embedding_fused_update(ids: int64 [N], offsets: int64 [bags], weights: [N] | None, "
                   "grad_pooled: [bags, D], rows: [R, D], state: [R, 1], lr: float, eps: float) -> updated: [U, D+1]",
         reference=fused_update_reference, make_inputs=fused_update_inputs, cost=fused_update_cost,
-        shapes=EMBEDDING_SHAPES,
+        shapes=EMBEDDING_SHAPES, in_training=False,
         why="the fused backward: each touched row's gradient segment-summed once, then row-wise Adagrad; "
             "no table-sized gradient",
     ),

@@ -254,33 +254,36 @@ PERLABEL_SHAPES: tuple[Mapping[str, int], ...] = (
     {"B": 256, "Ht": 512, "L": 65536, "F": 64},
 )
 
+# The tail backends that call the slots' implementations, so a replaced kernel runs in training (haste.py).
+SLOT_BACKENDS = (("tail_backend", ("slots", "triton")),)
+
 TAIL_SLOTS: tuple[KernelSlot, ...] = (
     KernelSlot(
         name="tail_forward",
         signature="tail_forward(h: [B, Ht], idx: int64 [K, F], w: [K, G, F], bias: [K, G] | None) -> z: [B, K*G]",
         reference=tail_forward, make_inputs=tail_forward_inputs, cost=tail_forward_cost,
-        shapes=TAIL_SHAPES,
+        shapes=TAIL_SHAPES, used_when=SLOT_BACKENDS,
         why="HASTE tail logits: a gather of each group's shared fan-in dims and a per-group GEMM",
     ),
     KernelSlot(
         name="tail_backward_weight",
         signature="tail_backward_weight(dz: [B, K*G], h: [B, Ht], idx: int64 [K, F]) -> dw: [K, G, F]",
         reference=tail_backward_weight, make_inputs=tail_backward_weight_inputs,
-        cost=tail_backward_weight_cost, shapes=TAIL_SHAPES,
+        cost=tail_backward_weight_cost, shapes=TAIL_SHAPES, used_when=SLOT_BACKENDS,
         why="HASTE tail weight gradient: per group dZ_k^T H[:, I_k]",
     ),
     KernelSlot(
         name="tail_backward_input",
         signature="tail_backward_input(dz: [B, K*G], idx: int64 [K, F], w: [K, G, F], Ht: int) -> dh: [B, Ht]",
         reference=tail_backward_input, make_inputs=tail_backward_input_inputs,
-        cost=tail_backward_input_cost, shapes=TAIL_SHAPES,
+        cost=tail_backward_input_cost, shapes=TAIL_SHAPES, used_when=SLOT_BACKENDS,
         why="HASTE tail input gradient: per group dZ_k W_k, scatter-added onto the shared dims",
     ),
     KernelSlot(
         name="perlabel_forward",
         signature="perlabel_forward(h: [B, Ht], idx: int64 [L, F], w: [L, F]) -> z: [B, L]",
         reference=perlabel_forward, make_inputs=perlabel_forward_inputs,
-        cost=perlabel_forward_cost, shapes=PERLABEL_SHAPES,
+        cost=perlabel_forward_cost, shapes=PERLABEL_SHAPES, in_training=False,
         why="per-label fixed fan-in logits (each label its own F dims); for kernel work, not the trainer",
     ),
 )

@@ -84,3 +84,35 @@ def test_price_for_unknown_model_refuses_unless_a_star_default_exists():
     star = Price(input=0, output=0)
     assert price_for(prices | {"*": star}, "b") is star
     assert Price(input=3, output=4).cached == 3  # no cached price: charged as full input
+
+
+@pytest.mark.parametrize("unset", ['""', "false"])
+def test_a_tiers_file_can_take_the_reasoning_effort_away_for_a_model_that_refuses_it(tmp_path, unset):
+    tiers = load_tiers(write(tmp_path, f'[tiers.ultra]\nmodel = "llama3"\nreasoning_effort = {unset}\n'))
+    assert tiers.tier("ultra").reasoning_effort is None and tiers.tier("normal").reasoning_effort == "medium"
+
+
+def test_llm_tiers_repair_malformed_replies_and_rejected_kernels_and_a_file_can_change_how_often(tmp_path):
+    tiers = load_tiers()
+    assert tiers.tier("offline").kernel_repairs == 0
+    assert tiers.tier("normal").reply_repairs >= 1 and tiers.tier("normal").kernel_repairs >= 1
+    assert tiers.tier("ultra").kernel_repairs >= tiers.tier("normal").kernel_repairs
+    mine = load_tiers(write(tmp_path, "[tiers.normal]\nkernel_repairs = 5\nreply_repairs = 0\n")).tier("normal")
+    assert (mine.kernel_repairs, mine.reply_repairs) == (5, 0)
+    with pytest.raises(ConfigError, match="tiers.normal.kernel_repairs"):
+        load_tiers(write(tmp_path, "[tiers.normal]\nkernel_repairs = -1\n"))
+
+
+def test_a_missing_price_tells_the_user_the_toml_table_to_add_on_the_command_line(tmp_path, monkeypatch):
+    """Rich markup would take `[prices."m"]` for a style tag and print "add  (or a  default)"."""
+    from typer.testing import CliRunner
+
+    from sg_opt.cli import app
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-unused-123456")
+    path = write(tmp_path, '[tiers.normal]\nmodel = "unpriced-model"\n')
+    result = CliRunner().invoke(app, ["optimize", "--target", "tests.fixtures.agent_target:target", "--size", "tiny",
+                                      "--tier", "normal", "--tiers", str(path), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    said = " ".join((result.stderr or result.output).split())
+    assert 'add [prices."unpriced-model"] (or a [prices."*"] default)' in said
