@@ -83,7 +83,8 @@ def final_text(s: Summary) -> str | None:
     f = s.final
     if f is None or not (f.speedup and f.ci_low and f.ci_high):
         return None
-    return f"x{f.speedup:.2f}, 95% interval x{1 / f.ci_high:.2f}-x{1 / f.ci_low:.2f}"
+    unclean = "" if f.clean else " (not clean: measured beside other load)"
+    return f"x{f.speedup:.2f}, 95% interval x{1 / f.ci_high:.2f}-x{1 / f.ci_low:.2f}{unclean}"
 
 
 def best_so_far(runs: Labelled) -> str | None:

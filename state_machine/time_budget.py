@@ -76,7 +76,8 @@ def _final_from_calibration(path: str, blocks: int) -> float:
     baseline's, so this bounds a final measurement that is not repeated."""
     estimates = []
     for run in map(ABResult.model_validate, _calibration_runs(path)):
-        estimates.append(max(0.0, run.wall_s - run.medians_s) + blocks * run.medians_s / max(1, run.blocks))
+        waited = run.waited_s + (run.load.waited_s if run.load is not None else 0.0)  # the machine's, not the work's
+        estimates.append(max(0.0, run.wall_s - waited - run.medians_s) + blocks * run.medians_s / max(1, run.blocks))
     return statistics.median(estimates) if estimates else 0.0
 
 
@@ -128,7 +129,8 @@ def _calibration_s(path: str) -> float:
     """Wall seconds of the A/A runs of a calibration file (0 when it cannot be read): what calibrating the noise
     floor it set again is expected to take."""
     try:
-        return float(sum(run["wall_s"] for run in _calibration_runs(path)))
+        return float(sum(run["wall_s"] - run.get("waited_s", 0.0) - ((run.get("load") or {}).get("waited_s") or 0.0)
+                         for run in _calibration_runs(path)))
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
 

@@ -40,7 +40,8 @@ from typing import IO, Any, Sequence
 SWITCH = "SG_OPT_FORK_SERVER"
 # Variables that differ from child to child and that no preloaded module reads at import: a change in any
 # other one starts a new server, so the preloaded imports always saw the child's environment.
-PER_WORKER = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "SG_OPT_COLLECTIVE_TIMEOUT_S", "PYTEST_CURRENT_TEST")
+PER_WORKER = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "SG_OPT_COLLECTIVE_TIMEOUT_S", "PYTEST_CURRENT_TEST",
+              "SG_OPT_CONFINE")
 PRELOAD = ("numpy", "pydantic", "torch", "torch._dynamo")
 REAP_INTERVAL_S = 0.02
 
@@ -79,7 +80,11 @@ def _cuda_initialised() -> bool:
 
 def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
     """In the forked child, already in a session of its own: take the request's streams, directory,
-    environment, CPUs and sys.path, run the module as __main__, and exit with its status. Never returns."""
+    environment, CPUs and sys.path, run the module as __main__, and exit with its status. Never returns.
+
+    The child is single-threaded here (only the forking thread survives a fork), so a worker module confines
+    itself at its start (``targets.confinement``: a user namespace needs a single thread); the server never
+    confines, and never runs a module's code."""
     code = 1
     try:
         for target, fd in zip((0, 1, 2), fds[:3]):
@@ -122,13 +127,16 @@ def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]
 
 def _fresh_process_state() -> None:
     """What a fresh interpreter draws anew and a fork would share: numpy's global random state and the
-    multiprocessing authentication key (Python's own `random` reseeds itself after a fork)."""
+    multiprocessing authentication key (Python's own `random` reseeds itself after a fork); and what it reads
+    anew from its environment: the temp folder, which the server's imports looked up in the server's."""
     import multiprocessing
+    import tempfile
 
     import numpy
 
     numpy.random.seed()
     multiprocessing.current_process().authkey = os.urandom(32)
+    tempfile.tempdir = None
 
 
 def _reap(children: dict[int, int]) -> None:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from targets.confinement import confine_worker
 from targets.ranks import RankContext, join, leave
 from targets.worker import answer_stack_requests, default_threads, failure_of, measure, write_result
 from targets.worker_client import COLLECTIVE_TIMEOUT_ENV, RANK_FAILED_EXIT, cpu_count
@@ -124,6 +125,7 @@ def serve_rank(prog: str, request_type: type[Q], run: Callable[[Q], R | None],
     parser.add_argument("--result", required=True, help="where rank 0 writes the result JSON")
     args = parser.parse_args(argv)
     req = request_type.model_validate_json(Path(args.request).read_text())
+    confine_worker(argv, reexec=True)  # file system only: ranks talk over loopback
     try:
         result = run(req)
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure

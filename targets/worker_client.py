@@ -7,6 +7,7 @@ no result file) as ``crash`` with the tail of its stderr. The caller never dies 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -20,7 +21,8 @@ from typing import Any, Callable, TypeVar
 from pydantic import BaseModel
 
 from targets.fork_server import start_python
-from targets.worker_protocol import STACKS_SIGNAL, Failure, RunResult, WorkerRequest, WorkerResult
+from targets.machine_lease import Lease, LeaseTimeout, device_keys
+from targets.worker_protocol import STACKS_SIGNAL, Failure, RunResult, WorkerRequest, WorkerResult, device_env
 
 
 def allowed_cpus() -> list[int] | None:
@@ -70,17 +72,6 @@ def scrubbed_env(extra: dict[str, str] | None = None, root: str | None = None) -
     env.update(WORKER_ENV)
     env.update(extra or {})
     return env
-
-
-def device_env(request: BaseModel) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES for a worker that may use only some GPUs (a request's ``gpus``: indices into the
-    caller's own visible devices, so that a caller restricted to GPUs 2,3 hands out 2 and 3)."""
-    gpus = getattr(request, "gpus", None)
-    if gpus is None:
-        return {}
-    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = parent.split(",") if parent else []
-    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[i] if i < len(visible) else str(i) for i in gpus)}
 
 
 def _signal_name(code: int) -> str:
@@ -243,7 +234,12 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
         stderr_file = Path(tmp) / "stderr.txt"
         request_file.write_text(request.model_dump_json())
         spawned = time.monotonic()
-        with open(stderr_file, "wb") as err:
+        held = contextlib.ExitStack()  # shared: no other run's timed blocks on this device beside this worker
+        try:
+            held.enter_context(Lease(device_keys(request)))
+        except LeaseTimeout as exc:
+            return failed("timeout", f"the {what} could not start: {exc}", "")
+        with held, open(stderr_file, "wb") as err:
             proc = start_python(module, ["--request", str(request_file), "--result", str(result_file)],
                                 scrubbed_env({**device_env(request), **(env or {})}, cwd), cwd=cwd, stderr=err,
                                 launcher=launcher or ())

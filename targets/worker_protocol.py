@@ -6,18 +6,30 @@ half-parsed state in the caller, and a result always says which failure happened
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from targets.confinement import Confinement
+
 WORKER_SCHEMA_VERSION = 1
 
 Mode = Literal["bench", "numerics", "quality"]
-FailureKind = Literal["config", "crash", "timeout", "nan", "oom", "exception"]
+FailureKind = Literal["config", "crash", "timeout", "nan", "oom", "exception", "spot-check", "clock"]
 # On this signal every process of a worker writes its threads' Python stacks to its stderr (``targets.worker.
 # answer_stack_requests``): a worker stopped at its time limit is asked first, so its failure says where it waited.
 STACKS_SIGNAL = signal.SIGUSR1
+
+
+class SpotCheckSpec(BaseModel):
+    """Replaced kernels checked against their slot's reference as they run (``targets.spot_check``)."""
+
+    rate: float = Field(0.0, ge=0.0, le=1.0, description="the share of calls checked, drawn at random (0: only "
+                                                         "those of a forced checked step)")
+    tolerances: dict[str, tuple[float, float]] = Field(description="dtype name -> (rel, elem) bounds "
+                                                                   "(validators.kernel.spot_check_spec)")
 
 
 class WorkerRequest(BaseModel):
@@ -45,6 +57,8 @@ class WorkerRequest(BaseModel):
                                                  "deterministic CUDA algorithms), so float association may change, "
                                                  "and nudge the dense parameters by one fp32 rounding before "
                                                  "every step if the session can (Session.perturb)")
+    spot_check: SpotCheckSpec | None = Field(None, description="check replaced kernels against their references "
+                                                              "while running (None: never)")
 
 
 class Failure(BaseModel):
@@ -73,6 +87,8 @@ class NumericsData(BaseModel):
     counters: dict[str, float] = Field(default_factory=dict)
     stage_s: dict[str, float] = Field(default_factory=dict, description="seconds of the steps, the probe and the "
                                                                         "digest (the build is WorkerResult.build_s)")
+    spot_checks: int = Field(0, description="calls to replaced kernels checked against their references meanwhile "
+                                            "(WorkerRequest.spot_check)")
 
 
 class QualityData(BaseModel):
@@ -105,6 +121,8 @@ class RunResult(BaseModel):
                                             "kernels): at `large` on an H200 a 20-step numerics run took 14.8 s")
     process_s: float = Field(0.0, description="seconds from the process's spawn to its exit, as its parent saw "
                                               "them (the interpreter's start and imports included)")
+    confinement: Confinement | None = Field(None, description="how the worker's process was confined while it "
+                                                              "ran candidate code (targets.confinement)")
 
     def failure_text(self) -> str:
         """``kind: message`` of its failure, for a sentence."""
@@ -119,3 +137,14 @@ class WorkerResult(RunResult):
     bench: BenchData | None = None
     numerics: NumericsData | None = None
     quality: QualityData | None = None
+
+
+def device_env(request: BaseModel) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a worker that may use only some GPUs (a request's ``gpus``: indices into the
+    caller's own visible devices, so that a caller restricted to GPUs 2,3 hands out 2 and 3)."""
+    gpus = getattr(request, "gpus", None)
+    if gpus is None:
+        return {}
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = parent.split(",") if parent else []
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[i] if i < len(visible) else str(i) for i in gpus)}

@@ -1,8 +1,16 @@
-"""The two live workers of a side-by-side measurement, block by block: only the timed side's processes run.
+"""The two live workers of a side-by-side measurement, block by block: only the timed side's processes run, and
+the parent's clock times each block.
 
 ``validators.speedup`` decides what to measure and how to judge it; this module only runs the two timing workers
 (``validators.timing_worker``), adopting the ones started ahead for it (``validators.started_ahead``) and holding
 the spare pair for the measurement after it. On a GPU both sides build at once; on a CPU one after the other.
+
+A block's time is the parent's: ``time.perf_counter`` here, from just before its run command is written to just
+after its answer is read, a window that holds nothing but the timed steps (their untimed drain is a command of its
+own, before) and the exchange. The worker's own step times come from a process a candidate's code runs in (one
+that slowed ``time.perf_counter`` tenfold was once taken for a 10x win), so they are only checked against that
+window (``clock_disagreement``): a worker claiming more time than passed, or far less, fails the block as
+``clock``.
 """
 
 from __future__ import annotations
@@ -10,15 +18,58 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from targets.worker_protocol import WorkerRequest
 from validators import started_ahead, timing_worker
+from validators.machine_load import LoadMeter
 from validators.machine_pressure import stall_shares, stall_totals
 from validators.started_ahead import Prestarted, adopt, drop, prestart_key
 from validators.timing_worker import Side, SideFailed, TimingWorker, resume, shared_cpus, stop_below
 
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
+# The worker's sum of step times against the parent's window. Over: nothing but clock granularity and rates lets a
+# sum exceed the time that passed, so 2% and 2 ms. Under: the window also holds the exchange (a pipe each way, a
+# JSON line, a thread's wake-up: 0.1-0.5 ms on an idle machine, a scheduler slice or more on the busy 2-core CI
+# box, hence 20 ms) and the loop around the timed steps (per step a few microseconds, 2% of a 0.1 ms step); 25%
+# is far beyond both, and far short of a clock slowed even 1.5-fold (33% missing). The verdict never uses the
+# worker's sum, so the check need not be tight: it says that something tampered with the worker's clocks.
+CLOCK_OVER = (0.02, 0.002)
+CLOCK_UNDER = (0.25, 0.020)
+
+
+def clock_disagreement(worker_s: float, wall_s: float) -> str | None:
+    """Why a worker's sum of step times cannot be the block the parent timed (None: it can)."""
+    said = f"the worker's step times sum to {worker_s * 1e3:.1f} ms where the parent timed {wall_s * 1e3:.1f} ms"
+    if worker_s > wall_s * (1 + CLOCK_OVER[0]) + CLOCK_OVER[1]:
+        return f"{said} from the block's command to its answer: more time than passed"
+    if worker_s < wall_s * (1 - CLOCK_UNDER[0]) - CLOCK_UNDER[1]:
+        return f"{said} from the block's command to its answer: its clock runs slow, or it left steps out"
+    return None
+
+
+@dataclass(frozen=True)
+class Block:
+    """One timed block: its steps, the parent's wall seconds around it and the worker's own sum of its steps,
+    with what the machine did meanwhile (``machine_pressure`` stall shares, ``machine_load`` figures)."""
+
+    side: Side
+    steps: int
+    wall_s: float
+    worker_s: float
+    pressure: dict[str, float] | None = None
+    load: dict[str, float] | None = None
+
+    @property
+    def step_s(self) -> float:
+        """The block's mean step time by the parent's clock: the sample the statistics use."""
+        return self.wall_s / self.steps
+
+    @property
+    def outside(self) -> float | None:
+        """Outside load during the block, in CPUs (None: not counted)."""
+        return self.load["outside"] if self.load else None
 
 
 class ABRunner:
@@ -38,7 +89,7 @@ class ABRunner:
         self.held: dict[str, list[int]] = {}  # the stopped processes below each idle side (_hold)
         self.blocks_run = {"a": 0, "b": 0}
         self.drained = {"a": 0, "b": 0}  # untimed steps run before blocks to drain banked input (``run``)
-        self.last_pressure: dict[str, float] | None = None  # the last block's stall shares (machine_pressure)
+        self.banked: dict[str, int] = {}  # an older code tree's worker: its steps to drain, from its first (``_drain``)
 
     def __enter__(self) -> "ABRunner":
         self.deadline = time.monotonic() + self.timeout_s
@@ -68,6 +119,7 @@ class ABRunner:
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise
+        self.meter = LoadMeter(self.cpus, {side: worker.proc.pid for side, worker in self.workers.items()})
         return self
 
     def _start(self) -> None:
@@ -105,9 +157,9 @@ class ABRunner:
         return {"start": stamps["serving"] - self.workers[side].spawned, "build": stamps["built"] - stamps["serving"],
                 "warmup": stamps["warm"] - stamps["built"]}
 
-    def run(self, side: Side, steps: int) -> list[float]:
-        """One block of ``steps`` steps on one side; its per-step seconds. Only this side's processes run meanwhile
-        (``_hold``). The worker first drains what its loader may have banked while idle (``run_block``) before the
+    def run(self, side: Side, steps: int) -> Block:
+        """One block of ``steps`` steps on one side, timed by the parent. Only this side's processes run meanwhile
+        (``_hold``). The worker first drains what its loader may have banked while idle (``_drain``) before the
         side's first block, and before every block of a side that is not held: a held side's loader workers were
         stopped while the other side ran, so what its queues hold at a block's start they built during its own
         previous block, as in training. At `large-cached` on an H200 (2026-12-04) a side with two loader workers
@@ -116,18 +168,48 @@ class ABRunner:
         worker = self.workers[side]
         self._hold("b" if side == "a" else "a")
         self._release(side)
-        drain = self.blocks_run[side] == 0 or not self._holding(side)
-        stalls, start = stall_totals(), time.monotonic()
-        worker.send({"cmd": "run", "steps": steps, "drain": drain})
+        if self.blocks_run[side] == 0 or not self._holding(side):
+            self._drain(side)
+        stalls, load = stall_totals(), self.meter.start()  # read before the window: no /proc walk inside it
+        start = time.perf_counter()
+        worker.send({"cmd": "run", "steps": steps, "drain": False})
         reply = worker.receive(self.deadline, f"a block of {steps} steps")
-        seconds = time.monotonic() - start
-        self.last_pressure = stall_shares(stalls, stall_totals(), seconds)
+        seconds = time.perf_counter() - start
+        block = Block(side, steps, seconds, float(reply.get("timed_s", sum(reply["step_s"]))),
+                      stall_shares(stalls, stall_totals(), seconds), self.meter.block(load, side))
         self.blocks_s += seconds
         self.blocks_run[side] += 1
-        self.drained[side] += int(reply.get("drained", 0))
+        self._check(worker, reply)
+        # an older code tree's ranked worker sends no timed_s, and its per-step maxima may sum past the window
+        problem = None if "timed_s" not in reply and self.specs[side].ranks > 1 else clock_disagreement(
+            block.worker_s, seconds)
+        if problem is not None:
+            raise SideFailed(worker.label, "clock", problem)
+        return block
+
+    def _drain(self, side: Side) -> None:
+        """Run the side's banked steps, untimed, in a round trip of their own. A worker of an older code tree (no
+        drain command) drains only at the start of a run: its first drain is a run of one step that drains, and
+        tells how many steps it banks; later ones are runs of that many steps that do not."""
+        worker = self.workers[side]
+        if "drain" in self.ready[side].get("commands", ()):
+            worker.send({"cmd": "drain"})
+            self.drained[side] += int(worker.receive(self.deadline, "the untimed steps before a block")["drained"])
+            return
+        if side in self.banked and not self.banked[side]:
+            return
+        command = ({"cmd": "run", "steps": self.banked[side], "drain": False} if side in self.banked
+                   else {"cmd": "run", "steps": 1, "drain": True})
+        worker.send(command)
+        reply = worker.receive(self.deadline, "the untimed steps before a block")
+        self._check(worker, reply)
+        self.banked.setdefault(side, int(reply.get("drained", 0)))
+        self.drained[side] += self.banked[side]
+
+    @staticmethod
+    def _check(worker: TimingWorker, reply: dict[str, Any]) -> None:
         if not reply.get("loss_finite", False):
             raise SideFailed(worker.label, "nan", "the loss became non-finite during a timed block")
-        return [float(t) for t in reply["step_s"]]
 
     def _hold(self, side: Side) -> None:
         """Stop the processes a side's worker started (loader workers: they refill its queues while it idles) until

@@ -10,12 +10,22 @@ Protocol, one JSON object per line. After the session is built and warmed up the
 ``{"ready": true, "config": {...resolved...}, "device": ..., "threads": n, "cpus": [...], "stamps": {...}}``
 (``stamps``: wall-clock seconds when serving began, after the imports, when the session was built and when
 it was warm, so the parent can split its start-up; ``build_parts``: the session's own split of its build;
-``memory``: its footprint, ``footprint``). It then reads commands
-on stdin: ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps and answers
-``{"step_s": [...], "loss_finite": bool, "drained": n}`` (per-step seconds from CUDA events on a GPU,
-perf_counter on the CPU, the device synchronised at the block's end; n untimed steps first, ``run_block``);
-``{"cmd": "quit"}`` exits. Any failure is one line ``{"error": kind, "message": ...}`` and the process exits.
-The protocol owns the real stdout: everything the workload prints (Python or native) is sent to stderr.
+``memory``: its footprint, ``footprint``; ``commands``: those it serves). It then reads commands on stdin:
+
+* ``{"cmd": "drain"}`` runs, untimed, the steps whose input the session banked while it idled and answers
+  ``{"drained": n}`` once the device is idle again (``drain_bank``);
+* ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps (after a drain when asked, as older runners did)
+  and answers ``{"step_s": [...], "timed_s": s, "loss_finite": bool, "drained": n}``: per-step seconds from
+  CUDA events on a GPU, perf_counter on the CPU, the device synchronised at the block's end (``run_block``),
+  and ``timed_s`` their sum (a ranked job's: its slowest rank's own);
+* ``{"cmd": "quit"}`` exits.
+
+Any failure is one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
+stdout: everything the workload prints (Python or native) is sent to stderr.
+
+These times are the worker's word, and a candidate's code runs in this process: the parent judges a block by
+its own clock, from the command to the answer, and only checks them against it (``validators.ab_runner``).
+So a run command does nothing but the timed steps between reading the command and answering it.
 
 A request with ``ranks`` > 1 runs under torchrun (``validators.speedup`` starts it so), every rank on
 the same stdin and stdout: rank 0 reads the commands and passes them on, every rank runs the block,
@@ -47,6 +57,8 @@ from targets.worker import (answer_stack_requests, banked_steps, build_session a
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
+COMMANDS = ("run", "drain", "quit")  # what this worker serves, in its ready line (a runner asks older trees less)
+
 
 def claim_stdout() -> IO[str]:
     """Keep the real stdout for the protocol and point fd 1 (and sys.stdout) at stderr."""
@@ -65,15 +77,34 @@ def build_session(req: WorkerRequest, job: RankContext | None = None) -> tuple[S
     return session, device, config
 
 
-def run_block(session: Session, device: torch.device, steps: int, drain: bool = True) -> dict[str, Any]:
-    """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end), after
-    the steps whose input may have been banked while the other side ran its block (``banked_steps``), untimed,
-    unless the runner says nothing was (`drain` False: ``ABRunner.run``)."""
-    drained = banked_steps(session) if drain else 0
+def drain_bank(session: Session, device: torch.device) -> dict[str, Any]:
+    """Run, untimed, the steps whose input may have been banked while the other side ran its block
+    (``banked_steps``), and wait for the device: the next block starts on an idle device and an empty bank."""
+    drained = banked_steps(session)
     for _ in range(drained):
         session.step()
+    sync_device(device)
+    return {"drained": drained}
+
+
+def run_block(session: Session, device: torch.device, steps: int, drain: bool = False) -> dict[str, Any]:
+    """Time ``steps`` steps one by one (``targets.worker.time_steps``: synchronised once, at the end), after
+    ``drain_bank`` when asked (a runner that sends no drain command: ``ABRunner._drain``)."""
+    drained = drain_bank(session, device)["drained"] if drain else 0
     step_s, losses = time_steps(session, device, steps)
-    return {"step_s": step_s, "loss_finite": all(math.isfinite(float(loss)) for loss in losses), "drained": drained}
+    return {"step_s": step_s, "timed_s": sum(step_s), "loss_finite": all_finite(losses), "drained": drained}
+
+
+def all_finite(losses: list[Any]) -> bool:
+    """Whether every loss is finite, read back from the device in one transfer where they stack (a ``float()``
+    each is one transfer a step, inside the block the parent times)."""
+    if not losses:
+        return True
+    try:
+        stacked = torch.stack([torch.as_tensor(loss).detach().float().reshape(()) for loss in losses])
+        return bool(torch.isfinite(stacked).all())
+    except (RuntimeError, TypeError, ValueError):  # mixed devices, a non-tensor, a loss of several elements
+        return all(math.isfinite(float(loss)) for loss in losses)
 
 
 class Ranks:
@@ -89,24 +120,30 @@ class Ranks:
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
-    def slowest(self, block: dict[str, Any]) -> dict[str, Any]:
-        """The job's block: each step's slowest rank, finite only if every rank's loss was."""
-        blocks: list[Any] = [None] * dist.get_world_size(self.control)
-        dist.all_gather_object(blocks, block, group=self.control)
-        return {"step_s": per_step_max([b["step_s"] for b in blocks]),
-                "loss_finite": all(b["loss_finite"] for b in blocks)}
+    def gather(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The job's answer, once every rank has its own: a block's each step's slowest rank (finite only if every
+        rank's loss was; ``timed_s`` the largest rank's own sum, each of which lies inside the parent's window where
+        a sum of per-step maxima may not), a drain's largest count."""
+        answers: list[Any] = [None] * dist.get_world_size(self.control)
+        dist.all_gather_object(answers, answer, group=self.control)
+        if "step_s" not in answer:
+            return {"drained": max(a["drained"] for a in answers)}
+        return {"step_s": per_step_max([a["step_s"] for a in answers]), "timed_s": max(a["timed_s"] for a in answers),
+                "loss_finite": all(a["loss_finite"] for a in answers), "drained": max(a["drained"] for a in answers)}
 
 
 def next_command(commands: IO[str]) -> dict[str, Any] | None:
-    """The next run command from the input; None on quit or at its end."""
+    """The next run or drain command from the input; None on quit or at its end."""
     for line in commands:
         if not line.strip():
             continue
         command = json.loads(line)
         if command.get("cmd") == "quit":
             return None
+        if command.get("cmd") == "drain":
+            return command
         if (command.get("cmd") != "run" or not isinstance(command.get("steps"), int) or command["steps"] < 1
-                or not isinstance(command.get("drain", True), bool)):
+                or not isinstance(command.get("drain", False), bool)):
             raise ValueError(f"unknown command {line.strip()[:200]}")
         return command
     return None
@@ -129,18 +166,19 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
                     "cpus": cpus, "stamps": stamps, "build_parts": getattr(session, "build_parts", {}),
-                    "memory": footprint(device)})
+                    "memory": footprint(device), "commands": list(COMMANDS)})
     while True:
         command = next_command(commands) if lead else None
         if ranks is not None:
             command = ranks.share(command)
         if command is None:
             return
-        block = run_block(session, device, command["steps"], command.get("drain", True))
+        answer = (drain_bank(session, device) if command["cmd"] == "drain"
+                  else run_block(session, device, command["steps"], command.get("drain", False)))
         if ranks is not None:
-            block = ranks.slowest(block)
+            answer = ranks.gather(answer)
         if lead:
-            reply(out, block)
+            reply(out, answer)
 
 
 def reply(out: IO[str], message: dict[str, Any]) -> None:

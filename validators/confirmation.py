@@ -4,12 +4,14 @@ when it leans" and "Confirmation")."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import CONFIDENCE, RESAMPLES, bootstrap_ratio_ci, decide, paired_ratio
+from validators.machine_load import pooled_load
 from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides, measure_ab
 from validators.steadiness import drift
 
@@ -20,6 +22,8 @@ class Confirmation(BaseModel):
     accepted: bool
     reason: str
     runs: list[ABResult]
+    clean: bool = Field(True, description="False: refused because a measurement was not clean (outside load, no "
+                                          "lock): the candidate was not judged, and may be measured again later")
 
 
 def leans_faster(result: ABResult) -> bool:
@@ -40,7 +44,10 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
     low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
     sides = {s: getattr(first, s).model_copy(update={
         "block_medians": m, "ready_s": None, "startup": None, "build_parts": {}, "memory": {},
-        "block_pressure": [p for r in results for p in getattr(r, s).block_pressure]})
+        "block_pressure": [p for r in results for p in getattr(r, s).block_pressure],
+        "block_load": [p for r in results for p in getattr(r, s).block_load],
+        "clock_agreement": max((c for r in results if (c := getattr(r, s).clock_agreement) is not None),
+                               key=lambda c: abs(math.log(c)), default=None)})
         for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
     ratio = paired_ratio(a, b)
     return first.model_copy(update=dict(
@@ -48,7 +55,8 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
         verdict=decide(low, high, first.floor), order=[s for r in results for s in r.order],
         blocks=sum(r.blocks for r in results), wall_s=sum(r.wall_s for r in results),
         blocks_s=sum(r.blocks_s for r in results), close_s=sum(r.close_s for r in results),
-        pools=sum(r.pools for r in results), resamples=resamples))
+        pools=sum(r.pools for r in results), resamples=resamples, waited_s=sum(r.waited_s for r in results),
+        load=pooled_load([r.load for r in results])))
 
 
 def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
@@ -72,6 +80,15 @@ def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: N
     return [first, more, pooled([first, more], first.resamples, seed)]
 
 
+def _unclean(runs: Sequence[ABResult]) -> str | None:
+    """Why a win may not be taken from these measurements (``ABResult.clean``), or None."""
+    for run in runs:
+        if not run.clean:
+            return (f"it was not measured clean ({run.load_note() or 'outside load'}): no win is accepted from it "
+                    f"(the candidate was not judged)")
+    return None
+
+
 def _said(runs: Sequence[ABResult]) -> str:
     last = runs[-1]
     said = f"says {last.verdict}"
@@ -84,14 +101,21 @@ def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: Noise
                 steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
                 seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> Confirmation:
     """Accept a win only if a second measurement, in fresh processes, also says ``faster`` (each of the two
-    extended once when it leans faster; see ``measure_settled``)."""
+    extended once when it leans faster; see ``measure_settled``), and every measurement made was clean
+    (``ABResult.clean``): a win from a loaded machine is refused with ``clean`` False, the candidate unjudged."""
     settle = dict(seed=seed, cpus=cpus, block_seconds=block_seconds)
     runs = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, first, **settle)
     if runs[-1].verdict != "faster":
         return Confirmation(accepted=False, reason=f"the first measurement {_said(runs)}, not faster", runs=runs)
+    if (busy := _unclean(runs)) is not None:
+        return Confirmation(accepted=False, clean=False, runs=runs, reason=f"the first measurement {_said(runs)}, "
+                            f"but {busy}")
     settle["seed"] = seed + 1
     again = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, **settle)
     last = again[-1]
+    if last.verdict == "faster" and (busy := _unclean(again)) is not None:
+        return Confirmation(accepted=False, clean=False, runs=runs + again,
+                            reason=f"the second measurement {_said(again)}, but {busy}")
     if last.verdict != "faster":
         return Confirmation(accepted=False, runs=runs + again,
                             reason=f"the win did not hold in fresh processes: the second measurement {_said(again)} "

@@ -13,6 +13,11 @@ is caught by the parent. And torch's public namespaces, ``torch.Tensor``, the re
 and the global numerics switches are snapshotted before the candidate is imported and compared
 after it is imported and after it has run: a candidate that patched ``torch.einsum`` (and so the
 reference) or flipped TF32 fails with check ``global-state`` whatever its outputs were.
+
+And the child is confined (``targets.confinement``): started as ``python -m targets.confinement
+validators.kernel_worker ...``, a fresh interpreter that confines itself before torch starts its threads, it
+sees a read-only file system outside its folder and no network; ``KernelResult.confinement`` says how, or why
+not.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Callable
 import torch
 from pydantic import BaseModel
 
+from targets.confinement import Confinement, confine_worker, current
 from targets.protocol import ConfigError, KernelSlot
 from targets.registry import resolve_target
 from targets.worker import answer_stack_requests, write_result
@@ -60,6 +66,7 @@ class KernelRequest(BaseModel):
 class KernelResult(BaseModel):
     nonce: str
     verdict: KernelVerdict
+    confinement: Confinement | None = None
 
 
 # ----------------------------------------------------------------------------- parent
@@ -88,8 +95,8 @@ def run_kernel_check(target_name: str, slot_name: str, source: str, device: str,
                                 seed=seed, allow_tf32=allow_tf32, max_flops=max_flops, nonce=secrets.token_hex(16))
         request_file, result_file, stderr_file = folder / "request.json", folder / "result.json", folder / "stderr"
         request_file.write_text(request.model_dump_json())
-        cmd = [sys.executable, "-m", "validators.kernel_worker", "--request", str(request_file),
-               "--result", str(result_file)]
+        cmd = [sys.executable, "-m", "targets.confinement", "validators.kernel_worker", "--request",
+               str(request_file), "--result", str(result_file)]
         with open(stderr_file, "wb") as err:
             proc = subprocess.Popen(cmd, cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     env=scrubbed_env(), start_new_session=True)
@@ -221,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request", required=True, help="JSON file holding a KernelRequest (deleted once read)")
     parser.add_argument("--result", required=True, help="where to write the KernelResult JSON")
     args = parser.parse_args(argv)
+    if argv is None:  # started as a worker: confined before the candidate is imported
+        confine_worker(reexec=True)
     answer_stack_requests()
     request_file = Path(args.request)
     req = KernelRequest.model_validate_json(request_file.read_text())
     request_file.unlink()
-    write_result(args.result, KernelResult(nonce=req.nonce, verdict=execute(req)))
+    write_result(args.result, KernelResult(nonce=req.nonce, verdict=execute(req), confinement=current()))
     return 0
 
 

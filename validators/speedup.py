@@ -17,8 +17,8 @@ A speedup claim is only as good as its comparison, so every claim here is made t
 * **Blocks of equal length in time.** ``steps_per_block`` sizes the slower side's block, and
   ``block_seconds`` (when given) is the least it may last; the settling blocks tell how fast each side
   is, and each runs as many steps as fill that time (``equal_time_steps``, at most ``MAX_STEP_FACTOR``
-  times ``steps_per_block``). A candidate 13x faster than its baseline then times a median over 39 steps
-  per block, not over 3 steps of 8 ms, and both sides spend the same minutes. The agent sizes
+  times ``steps_per_block``). A candidate 13x faster than its baseline then times blocks of 39 steps,
+  not of 3 steps of 8 ms, and both sides spend the same minutes. The agent sizes
   ``steps_per_block`` on its baseline; ``block_seconds`` keeps blocks that long after the incumbent got
   faster: at `large`, 3 steps of a 9 ms incumbent were blocks of 27 ms whose medians spread 9.2-11.6 ms,
   and intervals of +-13% hid wins that a 1.1% floor was calibrated to see.
@@ -27,13 +27,41 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   its own previous block, as in training. Before a side's first block, and before every block of a side that
   cannot be held (ranked sides, ``SG_OPT_HOLD_IDLE_SIDE=0``), the worker first runs, untimed, the steps whose
   input the session could prepare while it idled (``banked_steps``: its loader workers' queues;
-  ``validators.ab_worker``).
-* **Robust numbers.** Each block is reduced to its median step time (a GC pause or a page fault in one
-  step moves nothing). The ratio is the median over block pairs of B's block median over A's:
-  *candidate time over incumbent time, below 1 is faster*; the speedup is its inverse. Without drift it
-  estimates median(B)/median(A); with drift it is better, because each pair's ratio cancels the drift
-  that separates pairs (on synthetic timings with 10% drift, 10 blocks x 10 steps: floor 2.9% instead
-  of 3.6%, a true 10% change detected 99.7% instead of 94% of the time).
+  ``validators.ab_worker``), in a round trip of its own, before the block's.
+* **The parent's clock.** A candidate's code runs in its worker, so nothing the worker says about time decides
+  anything: a worker that slowed ``time.perf_counter`` tenfold was once accepted as a 10x win. Each block is timed
+  here, with ``time.perf_counter`` from just before its run command is written to just after its answer is read
+  (``ABRunner.run``), and its sample is that wall time over its steps. The window holds the timed steps, the
+  device's synchronisation at their end, and a constant exchange (a pipe each way, a JSON line, a thread's wake-up:
+  0.1-0.5 ms on an idle machine, milliseconds under load), the same per block on both sides. In blocks of equal time
+  (below) that overhead is the same share of both sides' blocks and cancels in their ratio; where the faster side
+  runs the shorter block (capped at ``MAX_STEP_FACTOR`` times the steps), the overhead is a larger share of its
+  block, which pulls the ratio toward 1: conservative, never a win the steps did not make. The worker's own step
+  times are kept only as a check (``ab_runner.clock_disagreement``): a block whose worker's sum exceeds the
+  parent's wall by more than 2% + 2 ms, or falls short of it by more than 25% + 20 ms, fails the measurement as
+  ``clock``; ``SideSummary.clock_agreement`` keeps each side's worst ratio of the two.
+* **Robust numbers.** Each block is reduced to its mean step time by the parent's clock (a stall inside a block
+  moves that block, not the result: the pairs' median below leaves a stalled pair out). The ratio is the median
+  over block pairs of B's block value over A's: *candidate time over incumbent time, below 1 is faster*; the
+  speedup is its inverse. Without drift it estimates median(B)/median(A); with drift it is better, because each
+  pair's ratio cancels the drift that separates pairs (on synthetic timings with 10% drift, 10 blocks x 10 steps:
+  floor 2.9% instead of 3.6%, a true 10% change detected 99.7% instead of 94% of the time).
+* **One measurement at a time.** Two ``sg-opt optimize`` runs side by side on the 2-core CI box made one report
+  x61.98 where a quiet re-measure gave x5.59. A measurement holds its device's machine-wide lock
+  (``targets.machine_lease``: "cpu", or "cuda:N" for each GPU) shared while its workers build and exclusive
+  for its blocks, settling ones included; other worker work (numerics, profile, kernel checks) holds it shared,
+  so neither runs beside the other's timed blocks. The wait is bounded (``lock_wait_s``); ``waited_s`` says how
+  long it took, and a measurement that could not get its lock runs anyway and is not ``clean``.
+* **Outside load.** The lock keeps sg-opt from itself, not from other work on the machine. Each block records
+  the CPU time the pinned CPUs spent on processes other than our workers' trees (``validators.machine_load``:
+  ``/proc/stat`` less ``/proc/PID/stat``), in CPUs. Before the blocks, the measurement waits (up to
+  ``LoadPolicy.wait_s``, 60 s) while that load, sampled with the workers idle, is above ``LIMIT_CPUS`` = 0.3 (or
+  a GPU is over 10% busy, per ``nvidia-smi``); a pair with a block above the limit is run again in the same
+  order (balance kept), up to as many extra pairs as the measurement has, when the two blocks' loads differ by
+  more than that limit: a steady load that both blocks of a pair saw alike cancels in the pair's ratio and is only
+  recorded (``LoadRecord.steady_cpus``), load that comes and goes tilts it. Past that cap loaded pairs are kept and
+  the result is not ``clean`` (``ABResult.load``: the snapshot of who was busy, the waits, the re-runs): its
+  verdict is still computed and said, but ``confirm_win`` and the other callers accept no win from it.
 * **An interval, not a point.** A bootstrap over block pairs (``RESAMPLES`` = 2000 resamples, seeded)
   gives a 95% percentile interval on that ratio.
 * **A calibrated noise floor.** ``calibrate_noise_floor`` runs A against A: two workers of the same
@@ -45,7 +73,7 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   below 1 - floor; ``slower`` when its lower bound is above 1 + floor; otherwise ``no-difference``;
   ``failed`` when either side crashed, hung, ran out of memory or produced a non-finite loss.
 * **Confirmation.** ``validators.confirmation.confirm_win`` accepts a win only if a second measurement in
-  fresh processes says ``faster`` again.
+  fresh processes says ``faster`` again, and every measurement it made is ``clean``.
 * **Extended once when it leans.** A measurement whose interval straddles the floor while its point
   estimate is past it (``validators.confirmation.leans_faster``) gets as many blocks again, in fresh workers,
   and is judged on the block pairs of both (``pooled``). At `large`, against a 13 ms host-bound incumbent, six
@@ -72,18 +100,23 @@ timing distributions without processes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
-from validators.ab_runner import ABRunner
+from validators.ab_runner import ABRunner, Block
+from validators.machine_load import LoadPolicy, LoadRecord, snapshot, wait_for_quiet
 from validators.machine_pressure import pressure_note
+from targets.machine_lease import WAIT_S, Lease, LeaseTimeout, device_keys
 from validators.started_ahead import discard, prestart
 from validators.timing_worker import Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
@@ -117,7 +150,9 @@ class SideSummary(BaseModel):
     digest: str = Field(description="spec_digest of the spec this side ran")
     spec: WorkerRequest
     config: dict[str, Any] = Field(default_factory=dict, description="the resolved config the worker reported")
-    block_medians: list[float] = Field(default_factory=list, description="median step seconds of each block")
+    block_medians: list[float] = Field(default_factory=list, description="each timed block's step seconds: its wall "
+                                       "time by the parent's clock over its steps (saved runs from before, whose "
+                                       "clock is the worker's: the median of its per-step times)")
     cpus: list[int] | None = Field(None, description="the CPUs the worker reported it may run on")
     root: str | None = Field(None, description="the code tree the worker ran in (None: the caller's)")
     ready_s: float | None = Field(None, description="seconds from the start of the measurement's workers to this "
@@ -132,6 +167,13 @@ class SideSummary(BaseModel):
     block_pressure: list[dict[str, float] | None] = Field(
         default_factory=list, description="per timed block, the share of its wall time in which some task waited "
                                           "for cpu, memory or io (validators.machine_pressure; None: not counted)")
+    block_load: list[dict[str, float] | None] = Field(
+        default_factory=list, description="per timed block, in CPUs: the outside load on the pinned CPUs and what the "
+                                          "other (idle) side's workers used meanwhile (validators.machine_load; "
+                                          "None: not counted)")
+    clock_agreement: float | None = Field(None, description="of its timed blocks, the worker's own sum of step times "
+                                          "over the parent's wall time furthest from 1 (a little below 1: the "
+                                          "exchange; see ab_runner.clock_disagreement)")
 
 
 class ABResult(BaseModel):
@@ -167,6 +209,21 @@ class ABResult(BaseModel):
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
                                                "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
                                                "than asked (measure_ab's settled_below)")
+    clock: Literal["worker", "parent"] = Field("worker", description="whose clock timed the blocks: the parent's "
+                                               "since it judges them; saved runs from before, the worker's")
+    waited_s: float = Field(0.0, description="seconds waited for the device's measurement lock (targets.machine_lease), "
+                                             "included in wall_s")
+    load: LoadRecord | None = Field(None, description="the machine's other work during it and whether that leaves "
+                                                      "it clean (None: not recorded, runs from before)")
+
+    @property
+    def clean(self) -> bool:
+        """Whether no outside load or missing lock taints it: a win may be accepted only from a clean result."""
+        return self.load is None or self.load.clean
+
+    def load_note(self) -> str | None:
+        """A sentence on the machine's other work during it, when there is something to say (``LoadRecord``)."""
+        return self.load.sentence() if self.load is not None else None
 
     def stalls(self) -> str | None:
         """A sentence on what the machine stalled tasks on during its blocks, both sides' (``pressure_note``)."""
@@ -231,67 +288,160 @@ def equal_time_steps(settle: dict[str, list[float]], steps_per_block: int,
             for side, m in medians.items()}
 
 
+@dataclass
+class Pairs:
+    """The timed block pairs a measurement kept, and the ones it ran again for outside load (``run_pairs``)."""
+
+    blocks: dict[str, list[Block]] = field(default_factory=lambda: {"a": [], "b": []})
+    reruns: int = 0
+    rerun_load: list[float] = field(default_factory=list)
+    loaded: int = 0
+    steady: float = 0.0  # the most outside load both blocks of a kept pair saw alike, in CPUs
+    note: str | None = None
+
+
+def run_pairs(run: Callable[[Side, int], Block], blocks: int, side_steps: Mapping[str, int], policy: LoadPolicy,
+              stop: Callable[[dict[str, list[Block]]], str | None] | None = None) -> Pairs:
+    """`blocks` pairs in the balanced order (``block_order``). A pair whose two blocks saw outside loads that
+    differ by more than the policy's limit runs again, in the same order, while re-runs are left
+    (``policy.reruns``, default one per pair); once they are spent such a pair is kept and counted ``loaded``.
+    Load that both blocks of a pair saw alike (a steady neighbour, a busy loop that never stops) slows both
+    sides and cancels in the pair's ratio, so it is recorded (``steady``: the most either block saw) but runs
+    nothing again; load that comes and goes with the blocks (another run's phases) is what tilts a ratio.
+    `stop` may end the run after any pair (with the note it returns)."""
+    done, order = Pairs(), block_order(blocks)
+    allowed = blocks if policy.reruns is None else policy.reruns
+    for r in range(blocks):
+        while True:
+            pair = [run(side, side_steps[side]) for side in order[2 * r:2 * r + 2]]
+            loads = [b.outside for b in pair if b.outside is not None]
+            worst = max(loads, default=None)
+            uneven = max(loads) - min(loads) if len(loads) == 2 else worst
+            if worst is not None:
+                done.steady = max(done.steady, min(loads))
+            if uneven is None or uneven <= policy.limit_cpus:
+                break
+            if done.reruns >= allowed:
+                done.loaded += 1
+                break
+            done.reruns += 1
+            done.rerun_load.append(round(worst, 3))
+        for block in pair:
+            done.blocks[block.side].append(block)
+        if stop is not None and (note := stop(done.blocks)) is not None:
+            done.note = note
+            break
+    return done
+
+
+def _agreement(blocks: Sequence[Block]) -> float | None:
+    """The worker's sum over the parent's wall furthest from 1 among `blocks` (None: none)."""
+    ratios = [b.worker_s / b.wall_s for b in blocks if b.wall_s > 0 and b.worker_s > 0]
+    return round(max(ratios, key=lambda r: abs(math.log(r))), 4) if ratios else None
+
+
+def _samples(blocks: Sequence[Block]) -> list[list[float]]:
+    """Each block as the one sample the statistics take from it: its mean step time by the parent's clock."""
+    return [[b.step_s] for b in blocks]
+
+
+def _lease(stack: contextlib.ExitStack, lease: Lease) -> str | None:
+    """Enter `lease` on `stack`; why not, when it timed out (the measurement then runs without it)."""
+    try:
+        stack.enter_context(lease)
+    except LeaseTimeout as exc:
+        return str(exc)
+    return None
+
+
 def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block: int, timeout_s: float,
                label_a: str = "incumbent", label_b: str = "candidate", *,
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
                cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None),
-               block_seconds: float = 0.0, settled_below: float | None = None) -> ABResult:
+               block_seconds: float = 0.0, settled_below: float | None = None,
+               load_policy: LoadPolicy | None = None, lock_wait_s: float = WAIT_S) -> ABResult:
     """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``), each
     in its code tree of ``roots`` (None: the caller's), in blocks of at least ``block_seconds`` (see
-    ``equal_time_steps``); ``failed`` verdicts carry the failure. With ``settled_below``, the run ends at half
-    its blocks when its bias plus half-width there is already below that (``calibrate_noise_floor``)."""
+    ``equal_time_steps``), under the devices' measurement lock (waiting up to ``lock_wait_s``) and the load policy
+    (``run_pairs``); ``failed`` verdicts carry the failure. With ``settled_below``, the run ends at half its blocks
+    when its bias plus half-width there is already below that (``calibrate_noise_floor``). The ``timeout_s`` of its
+    workers does not count the waits for the lock or for outside load to drop."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
     floor_value = floor.floor if isinstance(floor, NoiseFloor) else float(floor)
+    load_policy = load_policy or LoadPolicy()
     start, order = time.monotonic(), block_order(blocks)
-    times: dict[str, list[list[float]]] = {"a": [], "b": []}
-    pressure: dict[str, list[dict[str, float] | None]] = {"a": [], "b": []}
     sides = {s: SideSummary(label=label, digest=spec_digest(spec), spec=spec, root=root)
              for s, label, spec, root in (("a", label_a, a, roots[0]), ("b", label_b, b, roots[1]))}
     cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
+    keys = device_keys(a, b)
+    lease, record = Lease(keys, exclusive=False, timeout_s=lock_wait_s), LoadRecord(limit_cpus=load_policy.limit_cpus)
     common = dict(ratio_definition=f"{label_b}_time / {label_a}_time (below 1 is faster)", floor=floor_value,
                   order=order, blocks=blocks, steps_per_block=steps_per_block, block_seconds=block_seconds,
-                  resamples=resamples, cpus=cpus)
+                  resamples=resamples, cpus=cpus, clock="parent", load=record)
+    half = blocks // 2  # an even half keeps the order balanced: each side first in half its pairs
+    check = settled_below is not None and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS
+
+    def settled(kept: dict[str, list[Block]]) -> str | None:
+        if not check or len(kept["a"]) != half:
+            return None
+        early = analyse(_samples(kept["a"]), _samples(kept["b"]), floor_value, resamples, CONFIDENCE, seed)
+        bound = bias_plus_noise(early.ratio, early.ci_low, early.ci_high)
+        if bound >= settled_below:
+            return None
+        common.update(blocks=half, order=order[:2 * half])
+        return f"stopped after {half} of {blocks} blocks a side: bias plus half-width {bound:.4f} was already below " \
+               f"{settled_below:.4f}"
+
     closing = None
     try:
-        with ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots) as runner:
+        with contextlib.ExitStack() as stack:
+            # shared while the workers build (never beside another measurement's blocks), exclusive for the blocks
+            record.unlocked = _lease(stack, lease)
+            runner = stack.enter_context(ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots))
+            paused = time.monotonic()
+            if record.unlocked is None:
+                try:
+                    lease.convert(exclusive=True)
+                except LeaseTimeout as exc:
+                    record.unlocked = str(exc)
+            gpus = [key.split(":", 1)[1] for key in keys if key.startswith("cuda:")]
+            record.before = snapshot(gpus)
+            record.outside_before, record.gpu_before, record.waited_s = wait_for_quiet(runner.meter, gpus,
+                                                                                       load_policy)
+            record.counted = record.outside_before is not None
+            runner.deadline += time.monotonic() - paused  # the waits are not the workers' time
             # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds
-            settle = {side: runner.run(side, steps_per_block) for side in ("a", "b")}
+            settle = {side: [runner.run(side, steps_per_block).step_s] for side in ("a", "b")}
             side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             if max(side_steps.values()) > 2 * steps_per_block:  # sized on a few cold steps: settle once more
-                settle = {side: runner.run(side, side_steps[side]) for side in ("a", "b")}
+                settle = {side: [runner.run(side, side_steps[side]).step_s] for side in ("a", "b")}
                 side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             common["side_steps"] = side_steps
-            half = blocks // 2  # an even half keeps the order balanced: each side first in half its pairs
-            check_at = 2 * half if settled_below is not None and half % 2 == 0 and half >= SETTLED_MIN_BLOCKS else None
-            for i, side in enumerate(order):
-                times[side].append(runner.run(side, side_steps[side]))
-                pressure[side].append(runner.last_pressure)
-                if i + 1 == check_at:
-                    early = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
-                    bound = bias_plus_noise(early.ratio, early.ci_low, early.ci_high)
-                    if bound < settled_below:
-                        common.update(blocks=half, order=order[:2 * half], note=(
-                            f"stopped after {half} of {blocks} blocks a side: bias plus half-width {bound:.4f} "
-                            f"was already below {settled_below:.4f}"))
-                        break
-            common["started_ahead"] = runner.started_ahead
+            pairs = run_pairs(runner.run, blocks, side_steps, load_policy, settled)
+            record.reruns, record.rerun_load, record.loaded_pairs = pairs.reruns, pairs.rerun_load, pairs.loaded
+            record.steady_cpus = round(pairs.steady, 3)
+            common.update(started_ahead=runner.started_ahead, note=pairs.note)
             for s in sides:
                 sides[s].config, sides[s].cpus = runner.ready[s].get("config", {}), runner.ready[s].get("cpus")
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
                 sides[s].build_parts = runner.ready[s].get("build_parts") or {}
                 sides[s].memory = runner.ready[s].get("memory") or {}
-                sides[s].block_pressure = pressure[s]
+                sides[s].block_pressure = [block.pressure for block in pairs.blocks[s]]
+                sides[s].block_load = [block.load for block in pairs.blocks[s]]
+                sides[s].clock_agreement = _agreement(pairs.blocks[s])
             common["blocks_s"], closing = runner.blocks_s, time.monotonic()
     except SideFailed as exc:
         return ABResult(a=sides["a"], b=sides["b"], verdict="failed", failure=exc.failure, failed_side=exc.label,
-                        wall_s=time.monotonic() - start, **common)
+                        wall_s=time.monotonic() - start, waited_s=lease.waited_s, **common)
     common["close_s"] = time.monotonic() - closing
-    stats = analyse(times["a"], times["b"], floor_value, resamples, CONFIDENCE, seed)
+    record.clean = record.unlocked is None and record.loaded_pairs == 0
+    stats = analyse(_samples(pairs.blocks["a"]), _samples(pairs.blocks["b"]), floor_value, resamples, CONFIDENCE, seed)
     sides["a"].block_medians, sides["b"].block_medians = stats.a_medians, stats.b_medians
     return ABResult(a=sides["a"], b=sides["b"], ratio=stats.ratio, speedup=1.0 / stats.ratio, ci_low=stats.ci_low,
-                    ci_high=stats.ci_high, verdict=stats.verdict, wall_s=time.monotonic() - start, **common)
+                    ci_high=stats.ci_high, verdict=stats.verdict, wall_s=time.monotonic() - start,
+                    waited_s=lease.waited_s, **common)
 
 
 class CalibrationFailed(RuntimeError):

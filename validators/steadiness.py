@@ -56,22 +56,28 @@ def drift(result: ABResult) -> str | None:
 
 
 def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[ABResult]]:
-    """``measure(repeat)`` once; when ``disturbed`` (against its own floor), once more (repeat 1), and quote the
-    run of the smaller block spread, its ``note`` saying why: (quoted, every run made). The agent's final
-    measurement and ``sg-opt bench --vs`` both measure this way, so that a run's figure and its fresh
-    re-measurement are measured alike."""
+    """``measure(repeat)`` once; when ``disturbed`` (against its own floor) or not clean (``ABResult.clean``: outside
+    load, no lock), once more (repeat 1), and quote the clean run, else the run of the smaller block spread, its
+    ``note`` saying why: (quoted, every run made). The agent's final measurement and ``sg-opt bench --vs`` both
+    measure this way, so that a run's figure and its fresh re-measurement are measured alike."""
     first = measure(0)
-    if first.failure is not None or not disturbed(first, first.floor):
+    stalled = disturbed(first, first.floor)
+    if first.failure is not None or (not stalled and first.clean):
         return first, [first]
     repeat = measure(1)
-    stalls = first.stalls()
-    said = (f"the first measurement was disturbed (block spread {block_spread(first):.0%}, noise floor "
-            f"{first.floor:.3f}{'; ' + stalls if stalls else ''}); it was repeated")
+    stalls, why = first.stalls(), []
+    if stalled:
+        why.append(f"disturbed (block spread {block_spread(first):.0%}, noise floor {first.floor:.3f}"
+                   f"{'; ' + stalls if stalls else ''})")
+    if not first.clean:
+        why.append(f"not clean ({first.load_note()})")
+    said = f"the first measurement was {' and '.join(why)}; it was repeated"
     if repeat.failure is not None:
         return first.model_copy(update={"note": f"{said}, the repeat failed ({repeat.failure.kind}), and the "
                                                 f"first is quoted"}), [first, repeat]
-    quoted = min((first, repeat), key=block_spread)
+    quoted = min((first, repeat), key=lambda run: (not run.clean, block_spread(run)))
+    which = "the clean run" if first.clean != repeat.clean else "the steadier run"
     trend = drift(quoted)
-    return quoted.model_copy(update={"note": f"{said} (block spread {block_spread(repeat):.0%}), and the steadier "
-                                             f"run, {'the first' if quoted is first else 'the repeat'}, is quoted"
+    return quoted.model_copy(update={"note": f"{said} (block spread {block_spread(repeat):.0%}), and {which}, "
+                                             f"{'the first' if quoted is first else 'the repeat'}, is quoted"
                                              + (f"; in it, {trend}" if trend else "")}), [first, repeat]

@@ -14,7 +14,7 @@ from targets.haste_rec.target import build
 from targets.protocol import PhaseTimer
 from targets.worker import banked_steps
 from targets.worker_protocol import WorkerRequest
-from validators.ab_worker import run_block
+from validators.ab_worker import drain_bank, run_block
 
 CPU = torch.device("cpu")
 FAST_S, SLOW_S = 0.001, 0.02
@@ -49,34 +49,46 @@ class BankingSession:
         return {}
 
 
-def test_a_block_after_idle_time_times_the_steady_rate_not_the_bank():
+@pytest.mark.parametrize("apart", [True, False])
+def test_a_block_after_idle_time_times_the_steady_rate_not_the_bank(apart):
+    """Drained in a command of its own (outside the window the parent times), or by an older runner's run."""
     session = BankingSession(depth=4)
     session.idle()  # the other side's block ran meanwhile
-    block = run_block(session, CPU, steps=3)
-    assert session.steps == 4 + 3
+    if apart:
+        assert drain_bank(session, CPU) == {"drained": 4}
+    block = run_block(session, CPU, steps=3, drain=not apart)
+    assert session.steps == 4 + 3 and block["drained"] == (0 if apart else 4)
     assert len(block["step_s"]) == 3 and min(block["step_s"]) > SLOW_S * 0.9
+    assert block["timed_s"] == sum(block["step_s"])
 
 
-def test_a_block_told_not_to_drain_times_the_bank():
+def test_a_block_without_a_drain_times_the_bank():
     """Why the runner skips the drain only for a side whose loaders it held while the other side ran."""
     session = BankingSession(depth=4)
     session.idle()
-    block = run_block(session, CPU, steps=3, drain=False)
+    block = run_block(session, CPU, steps=3)
     assert session.steps == 3 and block["drained"] == 0 and max(block["step_s"]) < SLOW_S * 0.5
 
 
 @pytest.mark.parametrize("hold", ["1", "0"])
-def test_a_held_side_drains_before_its_first_block_only(monkeypatch, hold):
+@pytest.mark.parametrize("older", [False, True])
+def test_a_held_side_drains_before_its_first_block_only(monkeypatch, hold, older):
     """A held side's loaders were stopped while the other side ran: only its first block follows idle building
-    (its warm-up's wait). A side that is not held drains before every block."""
+    (its warm-up's wait). A side that is not held drains before every block. A worker of an older code tree (no
+    drain command in its ready line) drains the same steps through run commands."""
     from validators.ab_runner import HOLD_SWITCH, ABRunner
     monkeypatch.setenv(HOLD_SWITCH, hold)
     spec = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=0,
                          config={"behaviour": "banked"})
     with ABRunner(spec, spec, timeout_s=120) as runner:
+        assert all("drain" in ready["commands"] for ready in runner.ready.values())
+        if older:
+            for ready in runner.ready.values():
+                del ready["commands"]
         for side in ("a", "b", "b", "a", "a", "b"):
             runner.run(side, 2)
     assert runner.drained == ({"a": 3, "b": 3} if hold == "1" else {"a": 9, "b": 9})
+    assert runner.banked == ({"a": 3, "b": 3} if older else {})
 
 
 def test_a_profile_drains_the_bank_before_its_window():

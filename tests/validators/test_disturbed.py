@@ -98,3 +98,18 @@ def test_a_disturbed_measurement_says_what_the_machine_stalled_on_in_its_blocks(
     runs = [stalled.model_copy(update={"a": stalled.a.model_copy(update={"block_pressure": []}),
                                        "b": stalled.b.model_copy(update={"block_pressure": []})}), steady]
     assert "stalled tasks" not in steadier_of_two(lambda repeat: runs[repeat])[0].note  # no counts: no claim
+
+
+def test_a_measurement_that_was_not_clean_is_repeated_and_the_clean_run_quoted():
+    """Outside load flags a run even when its blocks look steady: the repeat is quoted if it is clean."""
+    from validators.machine_load import LoadRecord
+    from validators.steadiness import steadier_of_two
+    loaded = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
+    loaded.load = LoadRecord(reruns=4, rerun_load=[1.5], loaded_pairs=1, clean=False)
+    clean = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 12.0, 9.4, 11.6])
+    quoted, made = steadier_of_two(lambda repeat: [loaded, clean][repeat])
+    assert len(made) == 2 and quoted.ratio == clean.ratio and quoted.clean
+    assert quoted.note.startswith("the first measurement was not clean (1 block pairs ran with more than 0.30 CPUs")
+    assert "and the clean run, the repeat, is quoted" in quoted.note
+    quoted, made = steadier_of_two(lambda repeat: [loaded, loaded][repeat])
+    assert not quoted.clean and "the steadier run, the first, is quoted" in quoted.note

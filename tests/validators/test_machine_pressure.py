@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.validators.test_ab_workers import no_quiet_wait  # noqa: F401 - a fixture, used by pytest
 from validators.machine_pressure import pressure_note, stall_shares, stall_totals
 from validators.speedup import measure_ab
 from targets.worker_protocol import WorkerRequest

@@ -16,6 +16,7 @@ from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio
 from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
                                 assert_sides, calibrate_noise_floor, equal_time_steps, spec_digest)
 from validators.confirmation import confirm_win
+from validators.machine_load import LoadRecord
 from validators.timing_worker import overlap_builds, shared_cpus
 
 BASE_STEP_S = 3e-3
@@ -164,6 +165,19 @@ def test_a_win_is_accepted_only_if_fresh_processes_confirm_it(monkeypatch, secon
     assert confirmed.accepted is accepted and len(confirmed.runs) == 2 and len(calls) == 2
 
 
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_win_from_a_measurement_that_was_not_clean_is_refused_unjudged(monkeypatch, which):
+    """Outside load past the re-runs (or no lock) taints a measurement: its ``faster`` is no win, either time."""
+    runs = [result_for(INCUMBENT, CANDIDATE), result_for(INCUMBENT, CANDIDATE)]
+    runs[which].load = LoadRecord(reruns=4, rerun_load=[1.2], loaded_pairs=2, clean=False)
+    calls = scripted(monkeypatch, *runs)
+    confirmed = confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60)
+    assert not confirmed.accepted and not confirmed.clean and len(calls) == which + 1
+    assert "not measured clean (2 block pairs ran with more than 0.30 CPUs" in confirmed.reason
+    assert "the candidate was not judged" in confirmed.reason
+    assert result_for(INCUMBENT, CANDIDATE).clean  # a result from before load was recorded counts as clean
+
+
 def test_no_win_means_no_second_measurement_and_swaps_are_caught(monkeypatch):
     calls = scripted(monkeypatch, result_for(INCUMBENT, CANDIDATE, "no-difference", 0.99, (0.95, 1.02)))
     assert not confirm_win(INCUMBENT, CANDIDATE, 0.02, 4, 5, 60).accepted and len(calls) == 1
@@ -184,8 +198,11 @@ def test_pooled_judges_the_block_pairs_of_both_measurements():
     first = timed(INCUMBENT, CANDIDATE, [10.0, 11.0, 10.0, 14.0], [9.0, 10.5, 9.2, 15.0])
     more = timed(INCUMBENT, CANDIDATE, [10.0, 10.2, 10.1, 10.0], [9.3, 9.4, 9.3, 9.2])
     first.a.ready_s, first.a.startup = 13.3, {"start": 4.0, "build": 6.0, "warmup": 3.3}
+    first.load, more.load = LoadRecord(reruns=1, rerun_load=[0.5]), LoadRecord(loaded_pairs=1, clean=False)
+    first.a.clock_agreement, more.a.clock_agreement = 0.97, 0.91
     both = confirmation.pooled([first, more])
     assert both.pools == 2 and both.blocks == 8 and len(both.order) == 16
+    assert not both.clean and both.load.reruns == 1 and both.a.clock_agreement == 0.91
     assert both.a.ready_s is None and both.a.startup is None  # two pairs of workers: each measurement keeps its own
     assert both.a.block_medians == first.a.block_medians + more.a.block_medians
     expected = analyse([[m] for m in both.a.block_medians], [[m] for m in both.b.block_medians], 0.01)
