@@ -326,6 +326,8 @@ def report_markdown(s: Summary) -> str:
         lines += [""] + floor
     lines += ["", f"Machine: {env['device name']} ({env['device']}), driver {env['driver']}, torch {env['torch']}, "
               f"triton {env['triton']}. Plots: report.html."]
+    if s.trust:
+        lines += ["", "Trust: " + " ".join(s.trust)]
     for note in s.notes:
         lines += ["", f"> note: {note}"]
     return "\n".join(lines) + "\n"

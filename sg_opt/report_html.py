@@ -198,5 +198,6 @@ def render_html(s: Summary, diffs: dict[str, str] | None = None) -> str:
               + para(f"{time_line(s)} Summary schema v{s.version}.", "meta"))
     notes = section("notes", "Notes", *(para(n, "note") for n in s.notes)) if s.notes else ""
     return page(f"sg-opt {s.run_id}", [header, _result(s), _candidates(s), _phases(s), _floor(s), _roofline(s), _cost(s),
-                                       section("machine", "Machine", machine_table(s.environment)),
+                                       section("machine", "Machine", machine_table(s.environment),
+                                               *(para(line, "note") for line in s.trust)),
                                        _best(s, diffs or {}), notes])

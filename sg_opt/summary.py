@@ -21,6 +21,7 @@ from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState, Verdict
+from targets.confinement import Confinement
 from validators.speedup import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
@@ -187,6 +188,8 @@ class Summary(BaseModel):
     gpus: int = Field(1, description="GPUs of the run (--gpus): gpus / ranks candidates were evaluated at once")
     lanes_note: str | None = Field(None, description="--gpus: whether candidates were timed at once, and why")
     notes: list[str] = Field(default_factory=list, description="what a report could not show, and why")
+    trust: list[str] = Field(default_factory=list, description="how the final measurement was made safe: the "
+                             "candidate workers' confinement and the machine's other work beside it")
 
     def measured_curve(self) -> list[float | None]:
         """The incumbent's step time in ms after 0, 1, 2, ... candidates, each as measured: the baseline's in its A/A
@@ -285,13 +288,31 @@ def _relative(run_dir: Path, path: Path) -> str:
         return str(path)
 
 
-def _step_times(state: RunState, run_dir: Path, notes: list[str]) -> tuple[StepTime | None, StepTime | None]:
+def trust_lines(ab: ABResult) -> list[str]:
+    """What kept a measurement honest, in sentences: its clock, its workers' confinement, the machine beside it."""
+    lines = [f"Timed by the parent's clock; the workers' own step times agreed within "
+             f"{max(abs(1 - r) for r in agreements):.1%}." if (agreements := [
+                 side.clock_agreement for side in (ab.a, ab.b) if side.clock_agreement]) else
+             "Timed by the parent's clock."]
+    if ab.b.confinement is not None:
+        said = Confinement.model_validate(ab.b.confinement).sentence()
+        lines.append(said[:1].upper() + said[1:] + ".")
+    else:
+        lines.append("The workers did not say whether they ran confined.")
+    load = ab.load_note()
+    lines.append(f"Machine: {'clean' if ab.clean else 'NOT clean'}{'; ' + load if load else ''}.")
+    return lines
+
+
+def _step_times(state: RunState, run_dir: Path, notes: list[str], trust: list[str]
+                ) -> tuple[StepTime | None, StepTime | None]:
     if state.final is not None and Path(state.final.file).is_file():
         final = Path(state.final.file)
         ab = ABResult.model_validate_json(final.read_text())
         source = _relative(run_dir, final)
         if state.final.note:
             notes.append(state.final.note)
+        trust.extend(trust_lines(ab))
         return _step_time(ab.a.block_medians, source), _step_time(ab.b.block_medians, source)
     if state.baseline is not None and Path(state.baseline.calibration_file).is_file():
         calibration = Path(state.baseline.calibration_file)
@@ -432,10 +453,11 @@ def _roofline(profiles: list[tuple[str, Path, ProfileResult]]) -> Roofline | Non
 def build_summary(state: RunState) -> Summary:
     run_dir = Path(state.run_dir)
     notes: list[str] = []
+    trust: list[str] = []
     overall, by_tier, calls = _spend(run_dir)
     accepted = len(state.accepted)
     baseline = state.baseline
-    baseline_step, best_step = _step_times(state, run_dir, notes)
+    baseline_step, best_step = _step_times(state, run_dir, notes, trust)
     profiles = _profiles(state, run_dir, notes)
     decided_at = _decided_at(run_dir)
     return Summary(run_id=state.run_id, target=state.target, size=state.size, device=state.device, tier=state.tier,
@@ -456,4 +478,4 @@ def build_summary(state: RunState) -> Summary:
                    cost_per_win_usd=overall.cost_usd / accepted if accepted else None, wall_s=state.elapsed_s,
                    node_s=state.node_s, worker_startup=_worker_startup(run_dir),
                    environment=baseline.environment if baseline else {}, gpus=state.gpus,
-                   lanes_note=state.plan.lanes_note, notes=notes)
+                   lanes_note=state.plan.lanes_note, notes=notes, trust=trust)

@@ -49,11 +49,12 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
+from targets.confinement import confine_worker
 from targets.protocol import ConfigError, Session
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
 from targets.worker import (answer_stack_requests, banked_steps, build_session as build_target_session, footprint,
-                            open_device, sync_device, time_steps)
+                            open_device, out_of_memory, sync_device, time_steps)
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
@@ -166,7 +167,8 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
     if lead:
         reply(out, {"ready": True, "config": config, "device": str(device), "threads": torch.get_num_threads(),
                     "cpus": cpus, "stamps": stamps, "build_parts": getattr(session, "build_parts", {}),
-                    "memory": footprint(device), "commands": list(COMMANDS)})
+                    "memory": footprint(device), "commands": list(COMMANDS),
+                    "confinement": confine_worker().model_dump()})
     while True:
         command = next_command(commands) if lead else None
         if ranks is not None:
@@ -190,7 +192,7 @@ def failure_kind(exc: BaseException) -> str:
     """The ``targets.worker_protocol.FailureKind`` an exception is reported as."""
     if isinstance(exc, ConfigError):
         return "config"
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if out_of_memory(exc):
         return "oom"
     return "exception"
 
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request", required=True, help="JSON file holding a WorkerRequest")
     args = parser.parse_args(argv)
     answer_stack_requests()
+    confine_worker(argv, reexec=True)  # before the candidate's code is imported (targets.confinement)
     out = claim_stdout()
     try:
         serve(WorkerRequest.model_validate_json(Path(args.request).read_text()), out, sys.stdin)

@@ -164,6 +164,8 @@ class SideSummary(BaseModel):
                                           "session timed, in seconds (targets.protocol.BuildClock)")
     memory: dict[str, int] = Field(default_factory=dict, description="the worker's footprint in bytes as its ready "
                                    "line reported it: host_rss (peak), device_peak, device_total")
+    confinement: dict[str, Any] | None = Field(None, description="how the worker was confined before it loaded "
+                                               "candidate code (targets.confinement.Confinement; None: not said)")
     block_pressure: list[dict[str, float] | None] = Field(
         default_factory=list, description="per timed block, the share of its wall time in which some task waited "
                                           "for cpu, memory or io (validators.machine_pressure; None: not counted)")
@@ -428,6 +430,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 sides[s].ready_s, sides[s].startup = runner.ready_s[s], runner.startup(s)
                 sides[s].build_parts = runner.ready[s].get("build_parts") or {}
                 sides[s].memory = runner.ready[s].get("memory") or {}
+                sides[s].confinement = runner.ready[s].get("confinement")
                 sides[s].block_pressure = [block.pressure for block in pairs.blocks[s]]
                 sides[s].block_load = [block.load for block in pairs.blocks[s]]
                 sides[s].clock_agreement = _agreement(pairs.blocks[s])
