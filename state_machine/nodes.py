@@ -16,8 +16,10 @@ from typing import Any
 
 from profilers.client import run_profile
 from profilers.records import ProfileRequest
+from state_machine.baseline_budget import fit_calibration
 from state_machine.context import RunContext
 from state_machine.lanes import batch_size, concurrent, noise_floor
+from state_machine.parts import saved_part
 from state_machine.llm_interfaces import BudgetExceeded, DeadlineReached, LLMError
 from state_machine.proposers import Proposal
 from state_machine.proposers.llm import propose_llm
@@ -60,15 +62,28 @@ def setup(state: RunState, ctx: RunContext) -> dict[str, Any]:
     return {}
 
 
+def _baseline_part(state: RunState, name: str, request: Any) -> Any:
+    """One worker of the baseline, or its result saved by an attempt killed before the baseline's checkpoint."""
+    return saved_part(state.path("baseline"), name, request, lambda r: run_worker(r, timeout_s=state.plan.timeout_s))
+
+
+def _stage(state: RunState, ctx: RunContext, stage: str, **fields: Any) -> None:
+    """A line of progress through the baseline (it runs for minutes before anything else shows)."""
+    ctx.event(state.run_dir, "baseline-stage", stage=stage, **fields)
+
+
 def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
-    """Numerics fingerprint (and quality when model changes are allowed) of the baseline, then A/A."""
+    """Numerics fingerprint (and quality when model changes are allowed) of the baseline, then A/A, sized to fit
+    its share of --max-minutes (``baseline_budget``)."""
     start, plan = time.monotonic(), state.plan
-    numerics = run_worker(baseline_request(state, "numerics"), timeout_s=plan.timeout_s)
+    _stage(state, ctx, f"numerics fingerprint ({plan.numerics_steps} steps)")
+    numerics = _baseline_part(state, "numerics", baseline_request(state, "numerics"))
     if not numerics.ok:
         return {"stop_reason": f"error: the baseline failed its numerics run ({numerics.failure_text()})"}
     numerics_file = write_json(state.path("baseline", "numerics.json"), numerics)
-    reordered = run_worker(baseline_request(state, "numerics").model_copy(update={"reassociate": True}),
-                           timeout_s=plan.timeout_s)
+    _stage(state, ctx, "numerics once more, reassociated (the reorder bands)")
+    reordered = _baseline_part(state, "reordered",
+                               baseline_request(state, "numerics").model_copy(update={"reassociate": True}))
     if not reordered.ok:
         return {"stop_reason": f"error: the baseline failed its reassociated numerics run ({reordered.failure_text()})"}
     reorder = calibrate_reorder(numerics.numerics, reordered.numerics)
@@ -76,21 +91,30 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
                                                                       "result": reordered.model_dump()})
     quality = None
     if state.allow_model_changes:
-        result = run_worker(baseline_request(state, "quality", plan.quality_steps or 0), timeout_s=plan.timeout_s)
+        steps = plan.quality_steps or ctx.target.steps_for_quality(state.size)
+        _stage(state, ctx, f"quality: {steps} training steps, then {', '.join(m.name for m in ctx.target.quality_metrics)}")
+        result = _baseline_part(state, "quality", baseline_request(state, "quality", steps))
         if not result.ok:
             return {"stop_reason": f"error: the baseline failed its quality run ({result.failure_text()})"}
         quality = result.quality.metrics
+    if (reason := out_of_time(state.model_copy(update={"elapsed_s": state.elapsed_s + time.monotonic() - start}))):
+        return {"stop_reason": f"{reason}, in the baseline"}
+    step_s, start_s = numerics.numerics.stage_s.get("steps", 0.0) / max(1, plan.numerics_steps), numerics.wall_s
     if plan.block_steps is None:
-        probe = run_worker(baseline_request(state, "bench", steps=PROBE_STEPS), timeout_s=plan.timeout_s)
+        _stage(state, ctx, f"a short timing ({PROBE_STEPS} steps) to size the blocks")
+        probe = _baseline_part(state, "probe", baseline_request(state, "bench", steps=PROBE_STEPS))
         if not probe.ok:
             return {"stop_reason": f"error: the baseline failed to run ({probe.failure_text()})"}
         note_footprint(probe.memory)  # a timing worker's: the first calibration's spare pair may start
-        step_s = statistics.median(probe.bench.step_s)
+        step_s, start_s = statistics.median(probe.bench.step_s), probe.wall_s
         plan = plan.model_copy(update={"block_steps": max(MIN_BLOCK_STEPS, min(MAX_BLOCK_STEPS, math.ceil(
             plan.block_seconds / max(step_s, 1e-6))))})
+    plan, cut = fit_calibration(state, plan, step_s, start_s, state.elapsed_s + time.monotonic() - start)
+    _stage(state, ctx, f"A/A noise floor: {plan.aa_repeats} run(s) of {plan.calibration_blocks} blocks per side, "
+                       f"{plan.block_steps} steps each", cut=cut)
     try:
-        noise, lanes = noise_floor(state, baseline_request(state, "bench"), plan.calibration_blocks,
-                                   plan.block_steps, plan.timeout_s)
+        noise, lanes = noise_floor(state.model_copy(update={"plan": plan}), baseline_request(state, "bench"),
+                                   plan.calibration_blocks, plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
         return {"stop_reason": f"error: the baseline could not be timed ({exc})"}
     calibration = write_json(state.path("baseline", "calibration.json"), noise)
@@ -294,6 +318,10 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
     confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
                                plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
+    if not confirmation.clean:  # a busy machine judged nothing: measure once more, then refuse in one sentence
+        ctx.event(state.run_dir, "machine-busy", id=cand.id, reason=confirmation.reason)
+        confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
+                                   plan.timeout_s, seed=state.seed + 100 * cand.id + 1, block_seconds=plan.block_seconds)
     discard(prestart_key(incumbent, candidate))  # a spare pair no measurement came to
     path = write_json(state.path("candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
@@ -313,6 +341,18 @@ def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- decide and report
+
+class FinalMeasurementFailed(RuntimeError):
+    """The final side-by-side measurement failed twice (a timeout, a crash): the run stops before its report's
+    checkpoint, with the report written to say so and the accepted changes kept, so that ``--resume`` measures
+    again instead of a report that quietly proves nothing."""
+
+
+def final_failed_note(state: RunState, result: ABResult) -> str:
+    return (f"the final measurement of the baseline against the best failed twice ({result.failure.kind}: "
+            f"{result.failure.message}); the {len(state.accepted)} accepted change(s) stand, unproven, in "
+            f"best_config.toml: `sg-opt optimize --resume {state.run_dir}` measures again")
+
 
 def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Record the verdict; an accepted candidate becomes the incumbent."""
@@ -345,16 +385,25 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
                               max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
                               "best", floor=floor, seed=state.seed + 7 + repeat, block_seconds=plan.block_seconds)
         result, runs = steadier_of_two(final_ab)  # stalled blocks: measured once more, the steadier quoted
+        if result.failure is not None:  # a worker that timed out or crashed drops no accepted change: again
+            ctx.event(state.run_dir, "final-retry", kind=result.failure.kind, reason=result.failure.message)
+            write_json(state.path("final_ab_failed.json"), result)
+            result, runs = steadier_of_two(lambda repeat: final_ab(repeat + 2))
         note = result.note
+        if result.failure is not None:
+            note = final_failed_note(state, result)
         if len(runs) > 1:
             for run, name in zip(runs, ("final_ab_disturbed.json", "final_ab_repeat.json")):
                 write_json(state.path(name), run)
             note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
         path = write_json(state.path("final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
-                                            ci_high=result.ci_high, verdict=result.verdict, file=path, note=note)
+                                            ci_high=result.ci_high, verdict=result.verdict, file=path, note=note,
+                                            clean=result.clean, load=None if result.clean else result.load_note())
     finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})
     if ctx.write_report is not None:
         updates["report_files"] = ctx.write_report(finished)
+    if "final" in updates and updates["final"].ratio is None and updates["final"].note:
+        raise FinalMeasurementFailed(updates["final"].note)  # no checkpoint: --resume measures again
     ctx.event(state.run_dir, "report", stop_reason=state.stop_reason, files=updates.get("report_files", []))
     return updates

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from state_machine.state import Candidate, RunState, loosest
 from targets.protocol import KnobSpace
 from targets.worker_protocol import Mode, WorkerRequest
+from validators.kernel import spot_check_spec
 
 
 def candidate_config(state: RunState, candidate: Candidate) -> dict[str, Any]:
@@ -77,7 +78,9 @@ def request(state: RunState, mode: Mode, config: Mapping[str, Any], kernels: Map
                          kernels_dir=kernel_dir(state.run_dir, kernels), data=state.data, device=state.device,
                          seed=state.seed, steps=steps, warmup=state.plan.warmup, phase_steps=0,
                          threads=state.threads, ranks=state.ranks,
-                         gpus=state.lane.gpus if state.lane else None, cpus=state.lane.cpus if state.lane else None)
+                         gpus=state.lane.gpus if state.lane else None, cpus=state.lane.cpus if state.lane else None,
+                         # timed sides check their replaced kernels between blocks only (rate 0 inside blocks)
+                         spot_check=spot_check_spec(0.0) if kernels and mode == "bench" else None)
 
 
 def baseline_request(state: RunState, mode: Mode, steps: int | None = None) -> WorkerRequest:

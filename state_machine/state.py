@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from profilers.records import Finding
 from validators.numerics import ReorderCalibration
@@ -36,6 +36,21 @@ class Limits(BaseModel):
     max_iters: int = Field(25, description="candidates evaluated (checked, validated or measured)")
     max_minutes: float = Field(60.0, description="wall time of the run, resumes included")
     budget_usd: float = Field(0.0, description="LLM spend; 0 for the offline tier")
+
+
+# Every dtype a run on the device can train in: checked in float32 only, a kernel wrong only in bfloat16 passed its
+# check and the training run then blamed precision. bfloat16 is not checked on the CPU, where Triton kernels run
+# under its interpreter, which computes bfloat16 wrongly: a correct kernel would fail there.
+KERNEL_DTYPES: dict[str, tuple[str, ...]] = {"cuda": ("float32", "bfloat16", "float16"), "cpu": ("float32", "float16")}
+KERNEL_DTYPES_SKIPPED: dict[str, dict[str, str]] = {"cpu": {
+    "bfloat16": "not checked on the CPU: Triton's interpreter computes bfloat16 wrongly, so a correct Triton kernel "
+                "would fail; a bfloat16 run on a GPU checks it"}}
+
+
+def kernel_dtypes_for(device: str) -> tuple[list[str], dict[str, str]]:
+    """(the dtypes kernels are checked in on a device, {dtype: why not} for those a run there cannot check)."""
+    kind = device.split(":")[0]
+    return list(KERNEL_DTYPES.get(kind, KERNEL_DTYPES["cpu"])), dict(KERNEL_DTYPES_SKIPPED.get(kind, {}))
 
 
 class EvalPlan(BaseModel):
@@ -70,7 +85,11 @@ class EvalPlan(BaseModel):
                                                       "nodes.diagnose)")
     profile_steps: int = 5
     fine_profile: bool = Field(False, description="also time kernel slots against the ceilings (CUDA)")
-    kernel_dtypes: list[str] = Field(default_factory=lambda: ["float32"])
+    kernel_dtypes: list[str] | None = Field(None, description="dtypes every replaced kernel is checked in (None: "
+                                                              "every one a run on the device can use, set from "
+                                                              "the device when the state is made: KERNEL_DTYPES)")
+    kernel_dtypes_skipped: dict[str, str] = Field(default_factory=dict, description="dtype -> why kernels are not "
+                                                                                     "checked in it on this device")
     timeout_s: float = Field(1800.0, description="upper limit on any one worker; shortened from the baseline's")
     min_timeout_s: float = Field(60.0, description="the shortened limit never goes below this")
     concurrent_timing: bool = Field(True, description="--gpus: whether the lanes' A/B timings may run at once "
@@ -93,6 +112,8 @@ class Candidate(BaseModel):
     rationale: str
     proposer: str = Field(description="offline:<rule> or llm:<tier>")
     expected_gain: float | None = Field(None, description="the proposer's estimate of the step speedup")
+    repair_of: int | None = Field(None, description="the rejected or slower kernel candidate this one repairs, "
+                                                    "sent back to the model with its verdict (kernel_repairs)")
 
     def change(self) -> str:
         """The change in words: 'knob=value, ..., kernel slot' (reports, rationales)."""
@@ -181,6 +202,9 @@ class FinalMeasurement(BaseModel):
     verdict: str
     file: str
     note: str | None = Field(None, description="set when the first final measurement was disturbed and repeated")
+    clean: bool = Field(True, description="False: measured beside outside load or without the machine's lock "
+                                          "(validators.speedup.ABResult.clean): not a figure to quote")
+    load: str | None = Field(None, description="what the machine was doing beside it, when not clean")
 
 
 class RunState(BaseModel):
@@ -234,6 +258,14 @@ class RunState(BaseModel):
     stop_reason: str | None = None
     final: FinalMeasurement | None = None
     report_files: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _kernel_dtypes_from_device(self) -> "RunState":
+        """A plan that names no kernel dtypes checks every one a run on the device can use."""
+        if self.plan.kernel_dtypes is None:
+            dtypes, skipped = kernel_dtypes_for(self.device)
+            self.plan = self.plan.model_copy(update={"kernel_dtypes": dtypes, "kernel_dtypes_skipped": skipped})
+        return self
 
     def path(self, *parts: str) -> Path:
         """A file or folder under the run directory."""

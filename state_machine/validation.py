@@ -7,6 +7,8 @@ numerics run, its retry without the workers started ahead, and the verdict. ``no
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +17,45 @@ from state_machine.specs import candidate_request, incumbent_request, write_json
 from state_machine.state import Candidate, RunState, rejected
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.kernel import validate_kernel_file
+from validators.kernel import KernelVerdict, spot_check_spec, validate_kernel_file
 from validators.numerics import compare
 from validators.started_ahead import PrestartKey, discard, prestart
 
+# The share of replaced kernels' calls checked against their references during the (untimed) numerics or quality
+# run: a kernel that turns wrong after the kernel check's dozen calls is caught there, at calls it cannot predict.
+# At one half, a kernel wrong from its third call on escapes a 20-step run's forward calls with odds 2^-18.
+NUMERICS_SPOT_CHECK_RATE = 0.5
 # Pairs of timing workers started during a candidate's validation: the first measurement's and a spare for the one
 # after it, where memory allows (``started_ahead.prestart``).
 PRESTARTED_PAIRS = 2
 
 
-def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> dict[str, Any] | None:
-    """Each replaced slot against its torch reference, in a subprocess, on inputs drawn fresh now."""
-    for slot_name, path in cand.kernels.items():
-        for dtype in state.plan.kernel_dtypes:
-            verdict = validate_kernel_file(state.target, slot_name, path, state.device, dtype, state.plan.timeout_s)
-            write_json(state.path("candidates", f"{cand.id:03d}", f"kernel-{slot_name}-{dtype}.json"), verdict)
-            if not verdict.ok:
-                return rejected("validate", f"kernel {slot_name} ({dtype}) failed its {verdict.check} check: "
-                                           f"{verdict.reason}")
-    return None
+def _kernel_verdicts(state: RunState, ctx: RunContext, cand: Candidate) -> tuple[dict[str, Any] | None, str | None]:
+    """Each replaced slot against its torch reference in every dtype of the plan, each in a subprocess on inputs
+    drawn fresh now; the checks run side by side (each is mostly a process start and imports: on the CPU a slot's
+    float32 and float16 checks take about as long as one). Returns (the rejection, naming the slot, the dtype and
+    the check, or None; the file recording every verdict and the dtypes left unchecked and why, or None)."""
+    if not cand.kernels:
+        return None, None
+    folder = state.path("candidates", f"{cand.id:03d}")
+    jobs = [(slot, path, dtype) for slot, path in cand.kernels.items() for dtype in state.plan.kernel_dtypes]
+
+    def check(job: tuple[str, str, str]) -> KernelVerdict:
+        slot, path, dtype = job
+        return validate_kernel_file(state.target, slot, path, state.device, dtype, state.plan.timeout_s)
+
+    with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        verdicts = list(pool.map(check, jobs))
+    summary: dict[str, Any] = {"checked": {}, "skipped": state.plan.kernel_dtypes_skipped}
+    for (slot, _, dtype), verdict in zip(jobs, verdicts):
+        write_json(folder / f"kernel-{slot}-{dtype}.json", verdict)
+        summary["checked"].setdefault(slot, {})[dtype] = verdict.check if not verdict.ok else "ok"
+    path = write_json(folder / "kernel_checks.json", summary)
+    for (slot, _, dtype), verdict in zip(jobs, verdicts):  # the first failure in the plan's order
+        if not verdict.ok:
+            return rejected("validate", f"kernel {slot} ({dtype}) failed its {verdict.check} check: "
+                                       f"{verdict.reason}", artifacts={"kernel_checks": path}), path
+    return None, path
 
 
 def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
@@ -42,7 +64,8 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     machine to itself; with one lane, also the second measurement's where memory allows (PRESTARTED_PAIRS); a
     rejected candidate's are killed."""
     cand = state.current
-    if (kernel_failure := _kernel_verdicts(state, ctx, cand)) is not None:
+    kernel_failure, kernel_checks = _kernel_verdicts(state, ctx, cand)
+    if kernel_failure is not None:
         return kernel_failure
     ahead = None
     if state.lane is None or state.plan.concurrent_timing:
@@ -51,6 +74,8 @@ def validate(state: RunState, ctx: RunContext) -> dict[str, Any]:
     updates = _numerics_verdict(state, ctx, ahead)
     if updates["current_verdict"] is not None and ahead is not None:
         discard(ahead)
+    if kernel_checks is not None and updates["current_verdict"] is None:
+        updates["current_artifacts"] = {**updates["current_artifacts"], "kernel_checks": kernel_checks}
     return updates
 
 
@@ -60,13 +85,16 @@ def _numerics_run(state: RunState, ctx: RunContext, request: WorkerRequest, ahea
     builds take a minute at most, so a run past the limit is slow on its own, and a second try would only
     double what it costs (at large-cached on an H200, 2026-12-01, two tries of 511 s each ate a 19-minute run).
     Nor is a config error tried again: the config says it, not the machine (12 of the first 24 TPE trials at
-    large-cached on an H200, 2026-12-04, asked for more device memory than the embedding budget, each twice).
+    large-cached on an H200, 2026-12-04, asked for more device memory than the embedding budget, each twice), nor
+    a failed spot check (a kernel caught computing wrong values; a second try would only sample it again).
     A failed try is kept in the candidate's folder (``<mode>_failed*.json``), with the stacks a hung worker left."""
     folder = state.path("candidates", f"{state.current.id:03d}")
+    if request.kernels_dir:
+        request = request.model_copy(update={"spot_check": spot_check_spec(NUMERICS_SPOT_CHECK_RATE)})
     result = run_worker(request, timeout_s=state.plan.timeout_s)
     if not result.ok:
         write_json(folder / f"{request.mode}_failed.json", result)
-    if not result.ok and ahead is not None and result.failure.kind not in ("timeout", "config"):
+    if not result.ok and ahead is not None and result.failure.kind not in ("timeout", "config", "spot-check"):
         ctx.event(state.run_dir, "numerics-retry", id=state.current.id, kind=result.failure.kind,
                   reason=result.failure.message)
         discard(ahead)
@@ -81,14 +109,16 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
     folder = state.path("candidates", f"{cand.id:03d}")
     base = WorkerResult.model_validate_json(Path(state.baseline.numerics_file).read_text())
     if cls == "model":
-        request = candidate_request(state, cand, "quality", state.plan.quality_steps or 0)
+        steps = state.plan.quality_steps or ctx.target.steps_for_quality(state.size)
+        request = candidate_request(state, cand, "quality", steps)
         result = _numerics_run(state, ctx, request, ahead)
         if not result.ok:
             return rejected("validate", f"the candidate's quality run failed ({result.failure_text()})",
                            numerics_class=cls)
         # Under class model only the quality metrics are compared (the trajectories may differ by design).
         verdict = compare(base.numerics, base.numerics, "model", quality_baseline=state.baseline.quality,
-                          quality_candidate=result.quality.metrics)
+                          quality_candidate=result.quality.metrics,
+                          quality_metrics=ctx.target.quality_metrics or None)
     else:
         result = _numerics_run(state, ctx, candidate_request(state, cand, "numerics"), ahead)
         if not result.ok:
@@ -101,5 +131,15 @@ def _numerics_verdict(state: RunState, ctx: RunContext, ahead: PrestartKey | Non
                        numerics_detail=verdict.detail, artifacts={"numerics": path})
     ctx.event(state.run_dir, "validated", id=cand.id, numerics_class=cls, detail=verdict.detail,
               wall_s=result.wall_s, build_s=result.build_s,
-              stage_s=result.numerics.stage_s if result.numerics is not None else {})
+              stage_s=result.numerics.stage_s if result.numerics is not None else {},
+              **_kernel_coverage(state, cand, result))
     return {"current_verdict": None, "current_numerics_detail": verdict.detail, "current_artifacts": {"numerics": path}}
+
+
+def _kernel_coverage(state: RunState, cand: Candidate, result: WorkerResult) -> dict[str, Any]:
+    """What the validated event says of a candidate's kernels: the dtypes they were checked in, those left
+    unchecked on this device and why, and how many of their calls the numerics run checked."""
+    if not cand.kernels:
+        return {}
+    return {"kernel_dtypes": state.plan.kernel_dtypes, "kernel_dtypes_skipped": state.plan.kernel_dtypes_skipped,
+            "spot_checks": result.numerics.spot_checks if result.numerics is not None else None}

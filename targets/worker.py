@@ -26,17 +26,20 @@ import torch
 from targets.protocol import ConfigError, Session, Target
 from targets.ranks import RankContext, inject_fault
 from targets.registry import resolve_target
+from targets.spot_check import CheckedKernel, SpotCheckFailed, checked_calls, tolerances_from
 from targets.worker_client import cpu_count
 from targets.worker_protocol import (STACKS_SIGNAL, BenchData, Environment, Failure, NumericsData, QualityData,
-                                     WorkerRequest, WorkerResult)
+                                     SpotCheckSpec, WorkerRequest, WorkerResult)
 
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
-def load_kernels(directory: str | None, target: Target) -> dict[str, Callable[..., Any]]:
-    """Import ``<slot>.py`` files from a directory; each must define a function named after its slot."""
+def load_kernels(directory: str | None, target: Target,
+                 spot_check: SpotCheckSpec | None = None) -> dict[str, Callable[..., Any]]:
+    """Import ``<slot>.py`` files from a directory; each must define a function named after its slot. Given a
+    ``spot_check``, each is wrapped to check calls against its slot's reference as it runs (``targets.spot_check``)."""
     if not directory:
         return {}
     path = Path(directory)
@@ -51,7 +54,8 @@ def load_kernels(directory: str | None, target: Target) -> dict[str, Callable[..
         fn = getattr(module, slot.name, None)
         if not callable(fn):
             raise ConfigError(f"kernel file {file} defines no function {slot.name}({slot.signature})")
-        kernels[slot.name] = fn
+        kernels[slot.name] = fn if spot_check is None else CheckedKernel(
+            slot, fn, spot_check.rate, tolerances_from(spot_check.tolerances))
     return kernels
 
 
@@ -137,7 +141,12 @@ def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
     A ``reassociate`` run also nudges every dense parameter by one fp32 rounding before every step (where the
     session offers ``perturb``): a kernel that sums in another order differs by a rounding at every step, not
     once. Nudged only before the first step, `xl`'s baseline on an H200 (2026-11-30) drifted from itself by
-    8.1e-6 at step 16 while the Triton tails, correct to their references, drifted by 4.8e-5 and 9.6e-5 there."""
+    8.1e-6 at step 16 while the Triton tails, correct to their references, drifted by 4.8e-5 and 9.6e-5 there.
+
+    Under the request's ``spot_check`` a random share of the replaced kernels' calls, throughout the steps and the
+    probe, is checked against their references (``targets.spot_check``); the run is untimed, so the checks cost
+    nothing that is measured. ``spot_checks`` says how many were."""
+    checked_before = checked_calls()
     losses, norms = [], []
     session.record_grad_norms = True
     nudge = getattr(session, "perturb", None) if req.reassociate else None
@@ -154,7 +163,7 @@ def run_numerics(session: Session, req: WorkerRequest) -> NumericsData:
     digest = session.param_digest()
     stages = {"steps": stepped - start, "probe": probed - stepped, "digest": time.perf_counter() - probed}
     return NumericsData(losses=losses, grad_norms=norms, probe=probe, digest=digest, counters=session.counters(),
-                        stage_s=stages)
+                        stage_s=stages, spot_checks=checked_calls() - checked_before)
 
 
 def run_quality(session: Session, req: WorkerRequest) -> QualityData:
@@ -216,12 +225,16 @@ def build_session(req: WorkerRequest, device: torch.device,
 
     Every worker (bench, profile, A/B) builds its session here, so they all read a request alike. Given
     the ``job`` of a ranked run (``targets.rank_worker``), the session is this rank's (``build_ranked``).
+    A worker not yet confined is confined here, before its candidate kernels load (``targets.confinement``).
     """
+    from targets.confinement import confine_worker
+
+    confine_worker()
     target = resolve_target(req.target)
     target.check_size(req.size)
     target.check_ranks(job.world_size if job else 1)
     config = target.knob_space.resolve(req.config)
-    kernels = load_kernels(req.kernels_dir, target)
+    kernels = load_kernels(req.kernels_dir, target, req.spot_check)
     extra = {}
     if req.data:
         if not target.data_formats:
@@ -234,14 +247,27 @@ def build_session(req: WorkerRequest, device: torch.device,
     return target, config, kernels, target.build(config, req.size, kernels, device, req.seed, **extra)
 
 
+CPU_ALLOCATOR_OOM = ("can't allocate memory", "Cannot allocate memory")  # torch's CPU allocator, ENOMEM
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a memory limit hit: torch's or Python's out-of-memory errors, or the plain RuntimeError
+    torch's CPU allocator raises when a memory cap (ulimit -v, a container's limit) refuses it memory."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in CPU_ALLOCATOR_OOM)
+
+
 def failure_of(exc: BaseException) -> Failure:
     """The structured failure for an exception the workload raised."""
     if isinstance(exc, ConfigError):
         return Failure(kind="config", message=str(exc))
     if isinstance(exc, NonFiniteLoss):
         return Failure(kind="nan", message=str(exc))
+    if isinstance(exc, SpotCheckFailed):
+        return Failure(kind="spot-check", message=str(exc), detail=traceback.format_exc()[-4000:])
     detail = traceback.format_exc()[-4000:]
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if out_of_memory(exc):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return Failure(kind="oom", message=f"out of memory: {first}", detail=detail)
     return Failure(kind="exception", message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500], detail=detail)
@@ -256,6 +282,9 @@ def write_result(path: str | Path, record: Any) -> None:
 
 def measure(req: WorkerRequest, device: torch.device, result: WorkerResult, job: RankContext | None = None) -> None:
     """Build the request's session (this rank's, given a job) and run its mode, filling ``result`` in."""
+    from targets.confinement import confine_worker
+
+    result.confinement = confine_worker()
     if req.mode == "numerics" and not req.reassociate:
         make_deterministic(device)
     start = time.perf_counter()
@@ -309,13 +338,22 @@ def answer_stack_requests() -> None:
 
 
 def serve_request_file(prog: str, request_type: type, run: Callable[[Any], Any], argv: list[str] | None) -> int:
-    """The command line every file-based worker shares: read --request, run it, write --result."""
+    """The command line every file-based worker shares: read --request, run it, write --result. Started from its
+    command line (``argv`` None), the worker is confined first, before it loads candidate code
+    (``targets.confinement``), and its result says how."""
+    from targets.confinement import confine_worker, current
+
+    if argv is None:
+        confine_worker(reexec=True)
     answer_stack_requests()
     parser = argparse.ArgumentParser(prog=prog, description="runs one request in this process, writes its result")
     parser.add_argument("--request", required=True, help=f"JSON file holding a {request_type.__name__}")
     parser.add_argument("--result", required=True, help="where to write the result JSON")
     args = parser.parse_args(argv)
-    write_result(args.result, run(request_type.model_validate_json(Path(args.request).read_text())))
+    record = run(request_type.model_validate_json(Path(args.request).read_text()))
+    if getattr(record, "confinement", False) is None:  # a result that can say it and does not yet
+        record.confinement = current()
+    write_result(args.result, record)
     sys.stdout.flush()
     return 0
 

@@ -16,6 +16,8 @@ window (``clock_disagreement``): a worker claiming more time than passed, or far
 from __future__ import annotations
 
 import os
+import random
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from validators.machine_pressure import stall_shares, stall_totals
 from validators.started_ahead import Prestarted, adopt, drop, prestart_key
 from validators.timing_worker import Side, SideFailed, TimingWorker, resume, shared_cpus, stop_below
 
+CHECK_RATE = 0.5  # the chance that a block of a side with replaced kernels is preceded by a spot-checked step
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
 # The worker's sum of step times against the parent's window. Over: nothing but clock granularity and rates lets a
 # sum exceed the time that passed, so 2% and 2 ms. Under: the window also holds the exchange (a pipe each way, a
@@ -89,6 +92,8 @@ class ABRunner:
         self.held: dict[str, list[int]] = {}  # the stopped processes below each idle side (_hold)
         self.blocks_run = {"a": 0, "b": 0}
         self.drained = {"a": 0, "b": 0}  # untimed steps run before blocks to drain banked input (``run``)
+        self.spot_checks = {"a": 0, "b": 0}  # replaced kernels' calls checked between blocks (``check``)
+        self.draw = random.Random(secrets.randbits(64))  # when to check: never seeded from anything a worker sees
         self.banked: dict[str, int] = {}  # an older code tree's worker: its steps to drain, from its first (``_drain``)
 
     def __enter__(self) -> "ABRunner":
@@ -168,6 +173,8 @@ class ABRunner:
         worker = self.workers[side]
         self._hold("b" if side == "a" else "a")
         self._release(side)
+        if self.spot_checking(side) and self.draw.random() < CHECK_RATE:
+            self.check(side)
         if self.blocks_run[side] == 0 or not self._holding(side):
             self._drain(side)
         stalls, load = stall_totals(), self.meter.start()  # read before the window: no /proc walk inside it
@@ -186,6 +193,20 @@ class ABRunner:
         if problem is not None:
             raise SideFailed(worker.label, "clock", problem)
         return block
+
+    def spot_checking(self, side: Side) -> bool:
+        """Whether the side's replaced kernels are checked between its blocks (its spec asks; its worker serves)."""
+        return self.specs[side].spot_check is not None and "check" in self.ready[side].get("commands", ())
+
+    def check(self, side: Side) -> int:
+        """One untimed step of the side in which every replaced kernel's call is checked (``validators.ab_worker``);
+        how many calls were. Run at random before a block (``CHECK_RATE``, drawn where the worker cannot see) and
+        after a side's last one, so a kernel cannot tell checked steps from timed ones."""
+        worker = self.workers[side]
+        worker.send({"cmd": "check"})
+        checked = int(worker.receive(self.deadline, "a spot-checked step")["spot_checks"])
+        self.spot_checks[side] += checked
+        return checked
 
     def _drain(self, side: Side) -> None:
         """Run the side's banked steps, untimed, in a round trip of their own. A worker of an older code tree (no

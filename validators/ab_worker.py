@@ -18,6 +18,9 @@ it was warm, so the parent can split its start-up; ``build_parts``: the session'
   and answers ``{"step_s": [...], "timed_s": s, "loss_finite": bool, "drained": n}``: per-step seconds from
   CUDA events on a GPU, perf_counter on the CPU, the device synchronised at the block's end (``run_block``),
   and ``timed_s`` their sum (a ranked job's: its slowest rank's own);
+* ``{"cmd": "check"}`` runs one untimed step in which every call of a replaced kernel is checked against its
+  slot's reference (``targets.spot_check.checked_step``; a kernel that turns wrong after its validation, e.g. a
+  cached output after 120 honest calls, fails as ``spot-check``) and answers ``{"spot_checks": n}``;
 * ``{"cmd": "quit"}`` exits.
 
 Any failure is one line ``{"error": kind, "message": ...}`` and the process exits. The protocol owns the real
@@ -51,6 +54,7 @@ import torch.distributed as dist
 
 from targets.confinement import confine_worker
 from targets.protocol import ConfigError, Session
+from targets.spot_check import SpotCheckFailed, checked_step
 from targets.rank_worker import join_job, per_step_max
 from targets.ranks import RankContext, leave
 from targets.worker import (answer_stack_requests, banked_steps, build_session as build_target_session, footprint,
@@ -58,7 +62,7 @@ from targets.worker import (answer_stack_requests, banked_steps, build_session a
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 
-COMMANDS = ("run", "drain", "quit")  # what this worker serves, in its ready line (a runner asks older trees less)
+COMMANDS = ("run", "drain", "check", "quit")  # what this worker serves, in its ready line (a runner asks older trees less)
 
 
 def claim_stdout() -> IO[str]:
@@ -127,6 +131,8 @@ class Ranks:
         a sum of per-step maxima may not), a drain's largest count."""
         answers: list[Any] = [None] * dist.get_world_size(self.control)
         dist.all_gather_object(answers, answer, group=self.control)
+        if "spot_checks" in answer:
+            return {"spot_checks": sum(a["spot_checks"] for a in answers)}
         if "step_s" not in answer:
             return {"drained": max(a["drained"] for a in answers)}
         return {"step_s": per_step_max([a["step_s"] for a in answers]), "timed_s": max(a["timed_s"] for a in answers),
@@ -141,7 +147,7 @@ def next_command(commands: IO[str]) -> dict[str, Any] | None:
         command = json.loads(line)
         if command.get("cmd") == "quit":
             return None
-        if command.get("cmd") == "drain":
+        if command.get("cmd") in ("drain", "check"):
             return command
         if (command.get("cmd") != "run" or not isinstance(command.get("steps"), int) or command["steps"] < 1
                 or not isinstance(command.get("drain", False), bool)):
@@ -175,8 +181,13 @@ def serve(req: WorkerRequest, out: IO[str], commands: IO[str]) -> None:
             command = ranks.share(command)
         if command is None:
             return
-        answer = (drain_bank(session, device) if command["cmd"] == "drain"
-                  else run_block(session, device, command["steps"], command.get("drain", False)))
+        if command["cmd"] == "check":  # untimed: one step with every replaced kernel's call checked
+            answer = {"spot_checks": checked_step(session) if req.spot_check is not None else 0}
+            sync_device(device)
+        elif command["cmd"] == "drain":
+            answer = drain_bank(session, device)
+        else:
+            answer = run_block(session, device, command["steps"], command.get("drain", False))
         if ranks is not None:
             answer = ranks.gather(answer)
         if lead:
@@ -192,6 +203,8 @@ def failure_kind(exc: BaseException) -> str:
     """The ``targets.worker_protocol.FailureKind`` an exception is reported as."""
     if isinstance(exc, ConfigError):
         return "config"
+    if isinstance(exc, SpotCheckFailed):
+        return "spot-check"
     if out_of_memory(exc):
         return "oom"
     return "exception"

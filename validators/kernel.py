@@ -32,13 +32,15 @@ hold, and the second call at each shape finds only the first call's stale values
 check of ``validators.source`` first (a rejected file never runs), then ``check_kernel`` in a
 subprocess (``validators.kernel_worker``) with a scrubbed environment, its own process group and a
 time limit, so a crash, hang or exception in the candidate is a failed verdict, never the caller's.
+
+A dozen calls cannot show what a candidate does at its 121st, or at a shape's third: the same comparison keeps
+running in training as spot checks (``targets.spot_check``, asked for by ``spot_check_spec`` in a worker request).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import re
 import secrets
 import traceback
 from dataclasses import dataclass
@@ -48,16 +50,12 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from pydantic import BaseModel, Field
 
+from targets.confinement import Confinement
 from targets.protocol import ConfigError, KernelSlot
+from targets.spot_check import (Errors, Tolerance, arg_names, bitwise_equal, error_text, errors, non_finite,
+                                rounding_slack, upcast, within)
+from targets.worker_protocol import SpotCheckSpec
 from validators.source import SourceVerdict, check_source
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Bounds on ``|out-ref|/|ref|`` (rel) and ``max|out-ref|/max|ref|`` (elem) against float64."""
-
-    rel: float
-    elem: float
 
 
 # fp32 at 1e-5 admits any summation order of fp32 products (a few ulps times sqrt(fan-in)) but not
@@ -109,6 +107,8 @@ class KernelVerdict(BaseModel):
     errors: list[ShapeError] = Field(default_factory=list)
     source: SourceVerdict | None = None
     detail: str = Field("", description="traceback or stderr tail")
+    confinement: Confinement | None = Field(None, description="how the checking worker was confined before it "
+                                                              "imported the candidate (None: it said nothing)")
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -168,41 +168,8 @@ def check_shapes(slot: KernelSlot, dtype: torch.dtype, seed: int, max_flops: flo
 
 # ----------------------------------------------------------------------------- comparisons
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-
-
-def _errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
-    """(relative error, max abs error, max |ref|) over the elements where the reference is finite."""
-    finite = torch.isfinite(ref)
-    diff = (out.to(torch.float64) - ref)[finite]
-    ref_f = ref[finite]
-    if diff.numel() == 0:
-        return 0.0, 0.0, 0.0
-    tiny = torch.finfo(torch.float64).tiny
-    rel = float(torch.linalg.vector_norm(diff) / max(float(torch.linalg.vector_norm(ref_f)), tiny))
-    return rel, float(diff.abs().max()), float(ref_f.abs().max())
-
-
-def _within(errors: tuple[float, float, float], tol: Tolerance) -> bool:
-    rel, max_abs, scale = errors
-    return rel <= tol.rel and max_abs <= tol.elem * max(scale, torch.finfo(torch.float64).tiny)
-
-
-def _arg_names(signature: str, count: int) -> list[str]:
-    """Parameter names from a slot signature such as ``f(h: [B, Ht], idx: int64 [K, F]) -> z: [B]``."""
-    names = re.findall(r"(\w+)\s*:", signature.split("->")[0].partition("(")[2])
-    return names if len(names) == count else [f"argument {i}" for i in range(count)]
-
-
 def _layout(x: torch.Tensor) -> tuple:
     return tuple(x.shape), x.stride(), x.storage_offset(), x.dtype
-
-
-def _upcast(value: Any) -> Any:
-    return value.to(torch.float64) if torch.is_tensor(value) and value.is_floating_point() else value
 
 
 def poison_allocator(device: torch.device, dtype: torch.dtype, numel: int) -> None:
@@ -224,7 +191,7 @@ def poison_allocator(device: torch.device, dtype: torch.dtype, numel: int) -> No
 class _Call:
     out: torch.Tensor
     ref: torch.Tensor
-    errors: tuple[float, float, float]
+    errors: Errors
     kept: torch.Tensor | None = None  # a copy of ``out`` taken once the call was checked
 
 
@@ -264,35 +231,42 @@ class _Checker:
         self.check_stream(out, where)
         self.check_inputs(inputs, before, out, where)
         # The reference is computed only now, from the copies: while the candidate ran, no frame held it.
+        given = [upcast(kept[0]) if kept else x for x, kept in zip(inputs, before)]
         with torch.no_grad():
-            ref = self.slot.reference(*(_upcast(kept[0]) if kept else x for x, kept in zip(inputs, before)))
+            ref = self.slot.reference(*given)
         self.check_contract(out, ref, where)
-        return self.check_values(out, ref, earlier, where)
+        return self.check_values(out, ref, given, earlier, where)
 
     def check_inputs(self, inputs: tuple, before: list, out: torch.Tensor, where: str) -> None:
         """Every input bitwise and in layout as it was before the call, and none sharing the output's memory."""
-        for arg, x, kept in zip(_arg_names(self.slot.signature, len(inputs)), inputs, before):
+        for arg, x, kept in zip(arg_names(self.slot.signature, len(inputs)), inputs, before):
             if kept is None:
                 continue
-            if _layout(x) != kept[1] or not _bitwise_equal(x, kept[0]):
+            if _layout(x) != kept[1] or not bitwise_equal(x, kept[0]):
                 raise Rejected("input-modified", f"{self.slot.name} modified its input {arg} in place {where}.")
             if x.numel() and out.numel() and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
                 raise Rejected("aliasing", f"{self.slot.name} returned a tensor sharing memory with its input {arg} "
                                            f"{where}.")
 
-    def check_values(self, out: torch.Tensor, ref: torch.Tensor, earlier: list[_Call], where: str) -> _Call:
-        """Finite where the reference is, then within tolerance; an earlier call's answer is named as such."""
-        bad = int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
-        if bad:
+    def check_values(self, out: torch.Tensor, ref: torch.Tensor, given: list, earlier: list[_Call],
+                     where: str) -> _Call:
+        """Finite where the reference is, then within tolerance, or within it once each element's error is less a
+        few roundings of its terms' magnitude (``targets.spot_check.rounding_slack``: where the output cancels); an
+        earlier call's answer is named as such."""
+        if bad := non_finite(out, ref):
             raise Rejected("non-finite", f"{self.slot.name} returned {bad} NaN/inf values where the reference is "
                                          f"finite (unwritten memory or overflow) {where}.")
-        errors = _errors(out, ref)
-        if not _within(errors, self.tol):
-            if any(e.ref.shape == ref.shape and _within(_errors(out, e.ref), self.tol) for e in earlier):
+        errs = errors(out, ref)
+        if not within(errs, self.tol) and not within(errors(out, ref, self.rounding_slack(given)), self.tol):
+            if any(e.ref.shape == ref.shape and within(errors(out, e.ref), self.tol) for e in earlier):
                 raise Rejected("stale", f"{self.slot.name} returned the result for an earlier call's inputs, not "
                                         f"this call's (a cached or memoised output), {where}.")
-            raise Rejected("accuracy", self.inaccuracy(errors, where))
-        return _Call(out=out, ref=ref, errors=errors)
+            raise Rejected("accuracy", self.inaccuracy(errs, where))
+        return _Call(out=out, ref=ref, errors=errs)
+
+    def rounding_slack(self, given: list) -> torch.Tensor:
+        with torch.no_grad():
+            return rounding_slack(self.slot.reference, given, self.dtype)
 
     def check_stream(self, out: torch.Tensor, where: str) -> None:
         """On CUDA: read on the caller's stream, then after a device-wide sync; they must agree."""
@@ -300,7 +274,7 @@ class _Checker:
             return
         first = out.detach().to("cpu", copy=True)  # ordered on the current stream only
         torch.cuda.synchronize(out.device)
-        if not _bitwise_equal(first, out.detach().to("cpu", copy=True)):
+        if not bitwise_equal(first, out.detach().to("cpu", copy=True)):
             raise Rejected("stream", f"{self.slot.name}'s output not ready on the caller's stream: it changed after a "
                                      f"device-wide synchronise (work left on a side stream) {where}.")
 
@@ -314,15 +288,12 @@ class _Checker:
             if not ok:
                 raise Rejected("contract", f"{self.slot.name} returned {what}, {where}.")
 
-    def inaccuracy(self, errors: tuple[float, float, float], where: str) -> str:
-        rel, max_abs, scale = errors
+    def inaccuracy(self, errs: Errors, where: str) -> str:
+        """Names the dtype, the first failing shape and both errors, whichever bound was crossed."""
         kind = dtype_name(self.dtype)
-        if rel > self.tol.rel:
-            return (f"{self.slot.name} is inaccurate {where}: relative error {rel:.2e} exceeds the {kind} "
-                    f"tolerance {self.tol.rel:.0e}.")
-        share = max_abs / max(scale, 1e-300)
-        return (f"{self.slot.name} is inaccurate {where}: its worst element is off by {max_abs:.2e}, {share:.2e} "
-                f"of the output's scale, above the {kind} bound {self.tol.elem:.0e}.")
+        bound = (f"the {kind} tolerance {self.tol.rel:.0e}" if errs[0] > self.tol.rel
+                 else f"the {kind} bound {self.tol.elem:.0e} on the worst element")
+        return f"{self.slot.name} is inaccurate in {kind} {where}: {error_text(errs)}, beyond {bound}."
 
     def shape(self, shape: Mapping[str, int], seed: int) -> ShapeError:
         calls: list[_Call] = []
@@ -332,7 +303,7 @@ class _Checker:
             result.kept = result.out.clone()
             calls.append(result)
         for earlier in calls[:-1]:
-            if not _bitwise_equal(earlier.out, earlier.kept):
+            if not bitwise_equal(earlier.out, earlier.kept):
                 raise Rejected("buffer-reuse", f"{self.slot.name} overwrote the output of its previous call at shape "
                                                f"{dict(shape)} (it reuses one output buffer, so a caller holding the "
                                                f"earlier result sees it change).")
@@ -375,6 +346,14 @@ def check_kernel(slot: KernelSlot, fn: Callable[..., Any], device: torch.device,
         return verdict
     verdict.ok = True
     return verdict
+
+
+def spot_check_spec(rate: float) -> SpotCheckSpec:
+    """What a worker request carries to check replaced kernels while it runs (``targets.spot_check``): a share of
+    calls sampled at ``rate``, each held to this module's tolerances (0: only the forced checks between timed
+    blocks). ``tf32`` holds float32 calls while the run lets torch multiply float32 in TF32."""
+    tolerances = {dtype_name(d): (t.rel, t.elem) for d, t in TOLERANCES.items()}
+    return SpotCheckSpec(rate=rate, tolerances={**tolerances, "tf32": (TF32_TOLERANCE.rel, TF32_TOLERANCE.elem)})
 
 
 def draw_seed() -> int:

@@ -117,6 +117,7 @@ def run_kernel_check(target_name: str, slot_name: str, source: str, device: str,
         if result.nonce != request.nonce:
             return failed.model_copy(update={"check": "crash", "reason": (
                 "the kernel check's result does not carry this run's nonce, so the validator did not write it.")})
+        result.verdict.confinement = result.confinement
         return result.verdict
 
 

@@ -103,6 +103,9 @@ INTROSPECTION_PREFIXES: tuple[str, ...] = ("gi_", "cr_", "ag_", "f_", "tb_", "co
 # any object, resolved or not. Not here: data_ptr (an address) and pin_memory (pinned host memory), which reach
 # nothing outside the process and can fake nothing.
 FORBIDDEN_APIS: dict[str, str] = {
+    **{name: "reads the allocator's statistics, where the copies a spot check takes would show it is being checked"
+       for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+                    "memory_stats", "mem_get_info", "memory_snapshot", "memory_summary")},
     "load": "deserialises objects from a file (only triton.language.load is allowed)",
     "loads": "deserialises objects, which runs any code a pickle names",
     "save": "writes objects to a file",

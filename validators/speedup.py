@@ -164,6 +164,8 @@ class SideSummary(BaseModel):
                                           "session timed, in seconds (targets.protocol.BuildClock)")
     memory: dict[str, int] = Field(default_factory=dict, description="the worker's footprint in bytes as its ready "
                                    "line reported it: host_rss (peak), device_peak, device_total")
+    spot_checks: int = Field(0, description="calls of its replaced kernels checked against their references in "
+                                            "untimed steps between its blocks (ABRunner.check)")
     confinement: dict[str, Any] | None = Field(None, description="how the worker was confined before it loaded "
                                                "candidate code (targets.confinement.Confinement; None: not said)")
     block_pressure: list[dict[str, float] | None] = Field(
@@ -422,6 +424,9 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 side_steps = equal_time_steps(settle, steps_per_block, block_seconds)
             common["side_steps"] = side_steps
             pairs = run_pairs(runner.run, blocks, side_steps, load_policy, settled)
+            for side in ("a", "b"):  # every replaced kernel checked once more after its side's last timed call
+                if runner.spot_checking(side):
+                    runner.check(side)
             record.reruns, record.rerun_load, record.loaded_pairs = pairs.reruns, pairs.rerun_load, pairs.loaded
             record.steady_cpus = round(pairs.steady, 3)
             common.update(started_ahead=runner.started_ahead, note=pairs.note)
@@ -431,6 +436,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 sides[s].build_parts = runner.ready[s].get("build_parts") or {}
                 sides[s].memory = runner.ready[s].get("memory") or {}
                 sides[s].confinement = runner.ready[s].get("confinement")
+                sides[s].spot_checks = runner.spot_checks[s]
                 sides[s].block_pressure = [block.pressure for block in pairs.blocks[s]]
                 sides[s].block_load = [block.load for block in pairs.blocks[s]]
                 sides[s].clock_agreement = _agreement(pairs.blocks[s])

@@ -113,7 +113,7 @@ def _verdict(snippet: str):
     ("x = getattr(torch, 'serialization')", "reach"),
     ("x = getattr(getattr(torch, 'nn'), 'modules')", "reach"),
     ("x = torch.no_such_member", "reach"),
-    ("x = torch.cuda.memory_allocated()", "reach"),
+    ("x = torch.cuda.memory_allocated()", "forbidden-api"),
     ("x = torch.ScriptModule", "reach"),
     ("x = torch.CompilationUnit('def f(x): return x')", "reach"),
     ("m = tl.extra.modules['os']", "reach"),
