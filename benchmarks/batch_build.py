@@ -2,7 +2,7 @@
 
 With ``data_workers`` = n the loader can hand the trainer a batch every (build time / n) at best, whatever the
 hand-over costs (``benchmarks/loader_handover.py`` times that): a step shorter than that waits in its data phase.
-At large-cached's best configuration with the cache prefetch (8.58 ms a step side by side on an H200, session 30)
+At large-cached's best configuration with the cache prefetch (8.58 ms a step side by side on an H200, 2026-12-04)
 the main thread spent 3.01 ms a step taking its batch from two workers; this says whether the workers, not the
 hand-over, bound it.
 

@@ -106,7 +106,7 @@ def main() -> None:
               f"{min(times) * 1e3:.2f} ms over {args.batches} batches of "
               f"{statistics.mean(b.numel() for b in batches[5:]):,.0f} distinct rows, {per_batch:,.0f} misses each; "
               f"{args.threads} threads, bookkeeping on {args.index}")
-        print(f"  the weights' prepare again, every row resident (a fused update's before session 17): median "
+        print(f"  the weights' prepare again, every row resident (a fused update's before 2026-12-01): median "
               f"{statistics.median(again) * 1e3:.2f} ms")
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ has finished (wall), so a host-bound step shows host close to wall. Each part is
 embedding_cache_prefetch the lookup is prepared on the prefetch thread (``cache-prefetch``), beside the step.
 
 At `large-cached` the best configuration found so far ran 13.99 ms of host work in a 14.93 ms profiled step,
-7.09 of it in `embed` while the device ran 1.40 there (H200, session 27's profile): which parts of the cache's
+7.09 of it in `embed` while the device ran 1.40 there (an H200 profile, 2026-12-03): which parts of the cache's
 lookup, bookkeeping, row moves and update hold that time decides what to cut.
 
     python benchmarks/embed_host.py --size large-cached --device cuda --config docs/results/.../best_config.toml \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Knob embedding_cache_overlap on one GPU (benchmarks/h200_knob_ab.sh): the GPU tests of the caches, the store
 # (overlap trains bitwise as without it) and overlap itself; profiles and `sg-opt bench --vs` of BASE (default:
-# session 20's best) without and with it.
+# the 2026-12-02 large-cached run's best) without and with it.
 # Usage: OUT=/dir [BASE=...] [SIZE=large-cached] [BLOCKS=10] [PARTS=...] bash benchmarks/h200_cache_overlap.sh
 SET="embedding_cache_overlap = true" \
 BASE=${BASE:-docs/results/2026-12-02-h200-large-cached-s20/best_config.toml} \

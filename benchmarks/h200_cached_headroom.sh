@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What knobs still give at large-cached's best configuration (session 27's), and where its embed host time goes:
+# What knobs still give at large-cached's best configuration (the 2026-12-03 run's), and where its embed host time goes:
 # benchmarks/embed_host.py on the best configuration and on each variant (NAME=KNOB=VALUE,KNOB=VALUE), then
 # `sg-opt bench --vs` of the best against the best with VS's knobs (a paired ratio). Files under $OUT/headroom/.
 # Usage: OUT=/dir [BEST=...best_config.toml] [VS=KNOB=VALUE,...] bash benchmarks/h200_cached_headroom.sh [VARIANT...]
-# Session 30's first call: the default variants and VS=optimizer_impl=fused,dense_cuda_graph=true.
+# The first call, 2026-12-04: the default variants and VS=optimizer_impl=fused,dense_cuda_graph=true.
 set -uo pipefail
 OUT=${OUT:-/tmp/sg-opt-out}; BEST=${BEST:-docs/results/2026-12-03-h200-large-cached-s27/best_config.toml}
 VS=${VS:-optimizer_impl=fused,dense_cuda_graph=true}

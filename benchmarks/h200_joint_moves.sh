@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks of session 31's changes, which only a GPU can time or exercise, in one call (about seven minutes
-# at large-cached), each into its own file under $OUT/joint_moves/; then the caller goes on (e.g.
+# The GPU checks of the 2026-12-04 joint cache moves, which only a GPU can time or exercise, in one call (about seven
+# minutes at large-cached), each into its own file under $OUT/joint_moves/; then the caller goes on (e.g.
 # benchmarks/h200_resumable.sh):
 # - the CUDA tests of the caches: the weights and the state riding in their slots moved together
 #   (row_cache.move_rows_together), the prefetch, the overlap, bit for bit;
-# - `sg-opt gate --ref-tree $BASE` at large-cached on session 30's best configuration (prefetch, fused optimizer,
+# - `sg-opt gate --ref-tree $BASE` at large-cached on the 2026-12-04 best configuration (prefetch, fused optimizer,
 #   dense graphs): the tree before the joint moves (A) against this one (B), side by side in fresh processes;
 # - benchmarks/embed_host.py on that configuration: where its host time goes now, per thread; and with pinned,
 #   prefetched batches too (without pin_memory the batch's copy to the GPU is blocking: torch synchronises the
 #   stream after it, so the main thread's data phase waits for every kernel queued before it, the prefetch
 #   thread's row moves included);
 # - benchmarks/batch_build.py and loader_handover.py: whether the loader workers' batches (build time over their
-#   number) or the hand-over bound that step's 3 ms data phase (session 30).
+#   number) or the hand-over bound that step's 3 ms data phase (H200, 2026-12-04).
 # BASE is a code tree of the commit before the change, made here and carried:
 #   mkdir -p .carry/base && git archive 97b6909 sg_opt profilers state_machine validators targets benchmarks \
 #       pyproject.toml | tar -x -C .carry/base

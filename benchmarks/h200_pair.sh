@@ -9,8 +9,8 @@
 # A run of many candidates (the TPE oracle: SEARCH=tpe ITERS=100 MINUTES=600) goes on over sessions that way.
 # The two runs share the host (memory bandwidth, PCIe), so each one's A/A noise floor is calibrated under the
 # other's load; the fresh `sg-opt bench --vs` re-measurement of each winner runs only after both runs have
-# finished, one after the other, with the host otherwise idle, on its run's GPU and CPUs (in session 10 the
-# re-measurement ran on GPU 0 with all 32 CPUs allowed, its run on CPUs 0-15: 6% apart). $OUT/topology.txt
+# finished, one after the other, with the host otherwise idle, on its run's GPU and CPUs (on 2026-11-30 one
+# `large` re-measurement ran on GPU 0 with all 32 CPUs allowed, its run on CPUs 0-15: 6% apart). $OUT/topology.txt
 # records which CPUs sit near which GPU. Pair only device-bound runs: `large-cached`
 # (13.3 GB of host tables updated every step) measured a 10.6% noise floor next to `large` on 2026-11-30,
 # and its fresh re-measurement differed from the run's own by 13%.

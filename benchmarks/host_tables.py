@@ -2,7 +2,7 @@
 
 A timing worker of `large-cached` took 11-15 s to build on an H200 (2026-12-04), twice a measurement, and 13.3 GB
 of its tables live on the host (placements host and cached). ``TableLayout.initial_rows`` draws each table on the
-device and, since session 29, copies it to the host through one reused page-locked buffer (``row_ops.copy_to_host``) and
+device and, since 2026-12-04, copies it to the host through one reused page-locked buffer (``row_ops.copy_to_host``) and
 torch's threaded host copy; before, it copied straight into the pageable host tensor, through the driver's own
 staging on one thread, which also took the first touch of every page. This times both ways, then the parts apart,
 in fresh buffers each time:
@@ -44,7 +44,7 @@ def main() -> None:
     timed("initial_rows as the trainer draws them (staged)",
           lambda: layout.initial_rows(dim, 0.01, 0, device, torch.device("cpu")))
     if device.type == "cuda":
-        timed("the same, copied straight into pageable memory (the trainer before session 29)",
+        timed("the same, copied straight into pageable memory (the trainer before 2026-12-04)",
               lambda: pageable_rows(layout, dim, device))
     timed("torch.empty alone (no page touched)", lambda: torch.empty(rows, dim))
     timed("torch.empty + zero_ (every page touched, threaded)", lambda: torch.empty(rows, dim).zero_())
@@ -60,7 +60,7 @@ def main() -> None:
 
 def pageable_rows(layout: TableLayout, dim: int, device: torch.device) -> torch.Tensor:
     """Tables of ``initial_rows``' shapes drawn on the device (other seeds: only the time is compared), each copied
-    straight into the fresh pageable host tensor, as the trainer did before session 29."""
+    straight into the fresh pageable host tensor, as the trainer did before 2026-12-04."""
     out = torch.empty(sum(layout.table_rows), dim)
     for t, table in enumerate(layout.split(out)):
         gen = torch.Generator(device=device).manual_seed(t)

@@ -22,7 +22,7 @@ def expected_step_ms(state: RunState, recalibrations: list[Recalibration]) -> fl
     or a recalibration after its candidate); else its own blocks in the measurement that accepted it; else the
     baseline's step over the accepted ratios' product.
 
-    A ratio is a comparison, not a clock: in session 29's `large-cached` run #3 was accepted at 0.687 against an
+    A ratio is a comparison, not a clock: in the 2026-12-04 `large-cached` run #3 was accepted at 0.687 against an
     incumbent that ran 79-221 ms a block in those measurements, where its calibration had put it at 47.7, so the
     product said 29.0 ms for a configuration whose own blocks there ran at a median of 63.5 ms (and at 41-93 ms as
     the next candidate's incumbent). Its profile, at 76.0 ms, was taken as disturbed (x2.62) and taken again."""

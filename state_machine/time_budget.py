@@ -13,7 +13,7 @@ candidates, stopping it with 114 s left where a candidate took 56 s and the fina
 ``--pause-after`` bounds one invocation instead, for a run split over jobs of limited length (a batch
 system's, or a machine lent 10 minutes at a time): a node starts only while what it is expected to take fits
 in what is left of it; else the run pauses at its last checkpoint, to be resumed. A job's hard limit then stops
-no node midway: at `large-cached` on an H200 (session 20) the 10-minute limit of two calls killed a noise-floor
+no node midway: at `large-cached` on an H200 (2026-12-02) the 10-minute limit of two calls killed a noise-floor
 calibration 211 s and 112 s into it, and each resume began it again.
 """
 
@@ -40,7 +40,7 @@ def candidate_s(state: RunState) -> float:
     0 before the first; of those past the check node where there are any; the mean where the run has not marked
     each candidate's (``RunState.candidate_marks``: batched lanes, a checkpoint from before the marks). One
     candidate measured again and again (an extension, a confirmation in workers started after it) costs two or
-    three typical ones: in session 29's `large-cached` run #3's 133 s lifted the mean of seven to 65 s where the
+    three typical ones: in the 2026-12-04 `large-cached` run #3's 133 s lifted the mean of seven to 65 s where the
     last four took 39-47 s, and the run stopped with 102 s left, enough for the median candidate (46.5 s) and the
     final measurement (41 s)."""
     if not state.evaluated:

@@ -8,7 +8,7 @@ minute a flat hash of one host copy took.
 A device tensor's chunks come to the host through a small ring of host buffers (pinned for CUDA),
 each reused once the hash of the chunk it last held has finished. At size large on an H200 the
 previous way, a fresh pageable host copy per chunk (13 GB of host memory allocated and touched),
-took 8.5 s in ``benchmarks/build_cost.py`` (BENCHMARKS.md, session 13); the ring is not yet timed there. The bytes hashed are the same either
+took 8.5 s in ``benchmarks/build_cost.py`` (BENCHMARKS.md, 2026-11-30); the ring is not yet timed there. The bytes hashed are the same either
 way, so digests stay comparable with those of earlier runs and saved baselines.
 """
 

@@ -1,6 +1,6 @@
 """How long the machine made tasks wait during each timed block: the kernel's pressure stall information (PSI).
 
-In session 29's `large-cached` run on an H200 both sides of an A/A calibration slowed together for a few blocks
+In the 2026-12-04 `large-cached` run on an H200 both sides of an A/A calibration slowed together for a few blocks
 (from about 47 to 68-152 ms, then back), and a measurement's incumbent ran 79-221 ms a block where its
 calibration had put it at 47.7: something outside the two workers held the machine, and the measurement files could not say what.
 Linux counts, per resource, the time in which at least one task was stalled waiting for it

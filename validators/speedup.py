@@ -471,7 +471,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
     floor from the worst run; ``on_run`` sees each run as it ends (progress).
 
     With ``spares``, where builds overlap (a GPU) and memory allows, the later runs' workers start with the first
-    run's (``started_ahead.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (session 29)
+    run's (``started_ahead.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (2026-12-04)
     each A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations). Calibrations that run
     beside each other (lanes of --gpus) pass False: a spare would build beside the other lanes' timed blocks."""
     labels, roots = ("A1", "A2"), (root, root)

@@ -91,7 +91,7 @@ class Prestarted:
 # Pairs started ahead for the measurements of one key, in the order they will be adopted: the first measurement's,
 # then spares for the ones after it (a measurement extended because it leaned faster, the confirmation of a win),
 # each of which would otherwise start its own pair once the one before it has ended (12.7-18.3 s until ready at
-# large-cached on an H200, 2026-12-03: 9 of session 27's 18 measurements).
+# large-cached on an H200, 2026-12-03: 9 of the x12.37 run's 18 measurements).
 _prestarted: dict[PrestartKey, list[Prestarted]] = {}
 _prestarted_lock = threading.Lock()
 

@@ -38,8 +38,8 @@ def joined_proposals(state: RunState, space: KnobSpace) -> Iterator[Proposal]:
 
 
 def _held(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
-    """Whether the incumbent already holds every knob value of `patch` (taken since as part of another change):
-    joined to another, it would be that other alone (session 27's `large-cached` run, after the overlap came in
+    """Whether the incumbent already holds every knob value of `patch` (taken since as part of another change): joined
+    to another, it would be that other alone (the x12.37 `large-cached` run of 2026-12-03, after the overlap came in
     with two loader workers)."""
     return all(k in current and current[k] == v for k, v in patch.items())
 
@@ -80,7 +80,7 @@ def _host_and_device_proposals(state: RunState, space: KnobSpace, leaned: list[E
 
 def _two_unpaired_clear_the_floor(state: RunState, space: KnobSpace, parts: list[Evaluated]) -> bool:
     """Two leaning changes that no host-and-device pair joins (both on one side of a GPU step, or any two on a CPU),
-    whose product clears the noise floor in force: a sum a floor would not hide. Session 29's `large-cached` run
+    whose product clears the noise floor in force: a sum a floor would not hide. The 2026-12-04 `large-cached` run
     ended with pinned memory (0.876) and packed batches (0.925), both on the host side, leaning under a 7.7%
     floor: together 0.810, never tried."""
     if len(parts) != 2 or state.baseline is None:

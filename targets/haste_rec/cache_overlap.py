@@ -22,7 +22,7 @@ it writes back and the rows it loads are disjoint).
 
 Neither changes a decision or a value: the same rows move between the same slots, in the same order on the
 device; only when the host waits for them changes. On the H200 (2026-12-02) that best step ran 1.29x faster
-with both (`sg-opt bench --vs`, BENCHMARKS.md, session 21).
+with both (`sg-opt bench --vs`, BENCHMARKS.md).
 """
 
 from __future__ import annotations

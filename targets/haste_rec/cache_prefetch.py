@@ -1,9 +1,9 @@
 """Preparing the next batch's cache lookup on a thread of its own while the step runs (knob
 embedding_cache_prefetch), TorchRec's prefetch pipeline for SparseGear's device caches.
 
-At `large-cached` the best configuration found by session 27 was host-bound: of a step's 12.1 ms of host time,
+At `large-cached` the best configuration found on 2026-12-03 was host-bound: of a step's 12.1 ms of host time,
 5.5 went to the embedding lookup, 4.2 of it to the caches' prepare (deciding slots, gathering missed rows from
-the host tables, copying them in; ``benchmarks/embed_host.py`` on an H200, 2026-12-04), where session 27's profile
+the host tables, copying them in; ``benchmarks/embed_host.py`` on an H200, 2026-12-04), where its 2026-12-03 profile
 had the device busy 1.4 ms in `embed`. That work needs only the next batch's ids, so it can run on a second host
 thread beside the current step's dense forward, backward and optimizer, which are also host-bound: torch releases
 the GIL inside each operation, and the gathers are long operations. Side by side on the H200 (``sg-opt bench

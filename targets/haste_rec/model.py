@@ -128,8 +128,8 @@ def embedding_config(config: Mapping[str, Any], size: HasteRecSize) -> Embedding
 
 def check_config(config: Mapping[str, Any], size_name: str) -> None:
     """The checks of a resolved config that need no build (``Target.check_config``): its embedding placement's
-    least device memory against the HBM budget. In session 28's TPE oracle at `large-cached`, 12 of 25 samples
-    were over it, each rejected by a numerics run's build 2.4-27.7 s after it was proposed."""
+    least device memory against the HBM budget. In the TPE oracle at `large-cached` (H200, 2026-12-04), 12
+    of its first 25 samples were over it, each rejected by a numerics run's build 2.4-27.7 s after it was proposed."""
     size = get_size(size_name)
     cfg = embedding_config(config, size)
     check_budget(cfg, least_device_bytes(cfg, size.table_rows, size.embedding_dim), at_least=True)

@@ -126,7 +126,7 @@ def move_rows_together(arrays: Sequence[tuple[torch.Tensor, torch.Tensor]], move
     Arrays of one dtype cross the bus together, packed into one buffer (``_packed``): one slot copy, one
     staging buffer and one transfer each way, not one per array. The prefetch thread moved the weights' rows in
     1.95 ms and the state's, a 128th of the bytes, in 0.84 ms a step, most of it per-call work (H200,
-    ``benchmarks/embed_host.py``, session 30).
+    ``benchmarks/embed_host.py``, 2026-12-04).
 
     With `behind` (``cache_overlap.WriteBehind``) nothing waits for the device: the victims' values go to a
     page-locked buffer without blocking and the worker writes them into the host rows once they have arrived;

@@ -123,9 +123,9 @@ def copy_to_host(rows: torch.Tensor, out: torch.Tensor, ring: HostRing) -> None:
 
     A device-to-host copy into pageable memory goes through the driver's own staging and one thread, which also
     takes the first touch of every destination page: the 13.3 GB of host tables at `large-cached` took 11-15 s of
-    an H200 worker's build (session 28, ``targets.protocol.BuildClock``). Here the DMA lands in page-locked memory
+    an H200 worker's build (2026-12-04, ``targets.protocol.BuildClock``). Here the DMA lands in page-locked memory
     at bus speed, and torch's copy into the destination runs on every intra-op thread, first touches included:
-    13.3 GB in 2.49 s on an H200 where the pageable copy took 10.66 s (``benchmarks/host_tables.py``, session 29).
+    13.3 GB in 2.49 s on an H200 where the pageable copy took 10.66 s (``benchmarks/host_tables.py``, 2026-12-04).
     The bytes are the same either way."""
     source = rows.contiguous().reshape(-1).view(torch.uint8)
     target = out.view(-1).view(torch.uint8)  # a view: a reshape of a strided tensor would copy it

@@ -16,8 +16,8 @@ same slots when its cache would decide the same, so one set of decisions serves 
 Where the metadata lives is ``index_device``'s choice (knob embedding_cache_index). On the host (SparseGear's
 way) a lookup needs no device round trip, but in the steady state the bookkeeping is host work on every step
 that grows with the batch's distinct rows: at large-cached, 41-51 ms of a step's prepares on the 2-core VM
-(``benchmarks/cache_steady.py``, session 17), where an H200 profile of the cached step found it host-bound
-(44.1 ms of host work in a 45.0 ms step, session 16). On the device the same operations run as kernels, with a
+(``benchmarks/cache_steady.py``, 2026-12-01), where an H200 profile of the cached step found it host-bound
+(44.1 ms of host work in a 45.0 ms step, 2026-12-01). On the device the same operations run as kernels, with a
 few read-backs for sizes; only the moved rows' ids come back to the host, to gather and write back host rows.
 The decisions are the same either way.
 """
@@ -249,7 +249,7 @@ class TableCaches:
         """``_assign`` once every table is full, under LRU over equal capacities: training's steady state. The same
         decisions with one read-back of sizes (each table's distinct and missing rows), where the general path reads
         sizes back over a dozen times: on a GPU each waits for the caches' stream, which shares the device with the
-        step's kernels. In H200 profiles of large-cached's session-20 best step, `embed` synchronised 22 times a
+        step's kernels. In H200 profiles of large-cached's best step of 2026-12-02, `embed` synchronised 22 times a
         step before (9 scalar reads, 7 nonzero, 6 copies) and 6 times with this path.
 
         Every miss evicts. Missing rows come sorted, so grouped by table: the j-th missing row of table t takes the

@@ -88,8 +88,8 @@ class TailKernelConfig:
     half the forward's auto BLOCK_B (H200, L=670,080, bf16: 1.10 ms at BLOCK_B=32 against 1.45 at 64 for
     G=32, 1.19 either way for G=64; fp32 at tf32, G=32: 1.92 against 2.45). At G=16 half is slower (1.97
     against 1.59; 8.08 against 6.51 at L=2.8M). Exact fp32 ("ieee", 7.45 ms at 64 against 8.23 at 32) and
-    "tf32x3" (2.95 against 3.21) keep the forward's rule (``benchmarks.fused_bce_sweep``, BENCHMARKS.md
-    sessions 6 and 7).
+    "tf32x3" (2.95 against 3.21) keep the forward's rule (``benchmarks.fused_bce_sweep``, BENCHMARKS.md,
+    2026-11-29 and 2026-11-30).
     """
 
     block_b: int | str = AUTO

@@ -65,9 +65,9 @@ def test_the_least_device_memory_known_before_the_build_never_exceeds_what_the_b
 
 
 def test_the_agent_rejects_a_config_over_the_budget_before_any_worker_starts():
-    """Session 28's TPE oracle at `large-cached`: all 12 of its 25 samples that a numerics run's build rejected on
-    the budget (device placement, or caches of 5.78-12.8 GB), each 2.4-27.7 s after it was proposed, fail the static
-    check; a cached placement inside the budget passes."""
+    """The TPE oracle at `large-cached` (2026-12-04): all 12 of its first 25 samples that a numerics run's build
+    rejected on the budget (device placement, or caches of 5.78-12.8 GB), each 2.4-27.7 s after it was proposed, fail
+    the static check; a cached placement inside the budget passes."""
     from targets.haste_rec.model import check_config
     over = [{"embedding_placement": "device", "embedding_grad_mode": "dense"},
             {"embedding_placement": "cached", "embedding_grad_mode": "fused", "embedding_cache_fraction": 0.25}]

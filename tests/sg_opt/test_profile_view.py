@@ -20,7 +20,8 @@ def _shown(result: ProfileResult) -> str:
 
 
 def test_a_distorted_profile_is_said_to_be_one_and_a_steady_one_is_not():
-    """Session 22's `large-cached` profile after #12 ran its steps at 65.67 ms under the profiler, 24.66 without."""
+    """The 2026-12-03 x7.29 `large-cached` run's profile after #12 ran its steps at 65.67 ms under the profiler, 24.66
+    without."""
     result = ProfileResult.model_validate_json((FIXTURES / "h200_large_cached_s22_after_12.json").read_text())
     assert ("distorted profile: the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it), so "
             "its phase times overstate the step's") in _shown(result)

@@ -11,7 +11,7 @@ from tests.state_machine.records import candidate
 from tests.state_machine.replays import (LARGE_CACHED_BASE, S22_LARGE_CACHED_HISTORY,
                                         S27_LARGE_CACHED_HISTORY, replayed)
 
-S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h200x2-large-aa40/) to its last win
+S12_LARGE_HISTORY = [  # the x8.19 `large` run (docs/results/2026-11-30-h200x2-large-aa40/) to its last win
     (1, {"embedding_grad_mode": "fused"}, True, 0.614), (2, {"tail_backend": "triton-fused-loss"}, True, 0.205),
     (3, {"tail_fp32_dot": "tf32x3"}, False, 0.933), (4, {"tail_fp32_dot": "tf32"}, False, 0.955),
     (5, {"precision": "bf16-autocast"}, False), (6, {"matmul_precision": "high"}, False),
@@ -19,12 +19,12 @@ S12_LARGE_HISTORY = [  # the session-12 `large` run (docs/results/2026-11-30-h20
 
 
 def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(state, ctx):
-    """Replayed on the real profile of the session-12 `large` run after its last win (#8, packed batches: 7.4 ms
-    of host data work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers
-    (0.968) each leaned faster alone, and come back as one candidate, right after the data rules; sessions
-    8-10 accepted both, one by one, when the step was still device-bound. The two workers come first, alone: they
-    measured no difference before packed batches (#8) changed the data path under them; before them, the TF32
-    tail products alone, which measured no difference before packed batches shortened the other side of the step."""
+    """Replayed on the real profile of the x8.19 `large` run after its last win (#8, packed batches: 7.4 ms of host data
+    work and 8.7 ms of tail on the device in a 15.3 ms step): 3xTF32 (0.933) and two loader workers (0.968) each leaned
+    faster alone, and come back as one candidate, right after the data rules; the x13.36, x12.42 and x10.63 `large` runs
+    earlier that day accepted both, one by one, when the step was still device-bound. The two workers come first, alone:
+    they measured no difference before packed batches (#8) changed the data path under them; before them, the TF32 tail
+    products alone, which measured no difference before packed batches shortened the other side of the step."""
     at = replayed(state, ctx, "h200_large_s12_after_8.json", "large", {}, S12_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
     assert [p.proposer for p in proposals[:6]] == ["offline:tf32x3-tail", "offline:tf32-tail",
@@ -61,11 +61,11 @@ def test_a_leaning_host_change_and_a_leaning_device_change_are_tried_together(st
 
 
 def test_the_changes_that_leaned_faster_come_together_as_one(state, ctx):
-    """On session 22's `large-cached` run after #12: the overlap (0.926), packed batches (0.954) and TF32 tail
+    """On the 2026-12-03 x7.29 `large-cached` run after #12: the overlap (0.926), packed batches (0.954) and TF32 tail
     products (0.956) each leaned faster under a 4.7% floor; 3xTF32 (0.995) sets the same knob as TF32 and leaned
     less, and the host-and-device pair (#11) is not a change of its own. They come as one candidate, expected
     x1.18, whose rejection rules none of them out; with two leaning changes no bundle of three (two join only when
-    their product clears the floor in force, which this replay does not hold: see the session-29 test below)."""
+    their product clears the floor in force, which this replay does not hold: see the 2026-12-04 test below)."""
     at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
                   S22_LARGE_CACHED_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
@@ -96,11 +96,11 @@ def test_a_leaning_change_the_incumbent_took_since_stays_out_of_the_bundle(state
 
 
 def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, ctx):
-    """Session 27's `large-cached` run after #9: the overlap (#4, 0.930) came into the incumbent with two loader
-    workers (#6, their host-and-device pair), and pinned memory (#8, 0.918) leaned faster after that. Joining the
+    """The 2026-12-03 x12.37 `large-cached` run after #9: the overlap (#4, 0.930) came into the incumbent with two
+    loader workers (#6, their host-and-device pair), and pinned memory (#8, 0.918) leaned faster after that. Joining the
     pinning to the overlap again would be the pinning alone: it comes first, as a retry after packed batches (#9)
-    changed the data path, and no pair names the overlap. (The cache prefetch, a rule of session 30, comes before
-    it: the caches' prepare held most of the step's host work in embed.)"""
+    changed the data path, and no pair names the overlap. (The cache prefetch, a rule since 2026-12-04, comes before it:
+    the caches' prepare held most of the step's host work in embed.)"""
     at = replayed(state, ctx, "h200_large_cached_s27_after_9.json", "large-cached", LARGE_CACHED_BASE,
                   S27_LARGE_CACHED_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
@@ -110,14 +110,14 @@ def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, c
     assert all(p.proposer != "offline:host-and-device" for p in proposals)
 
 
-S29_LARGE_CACHED_HISTORY = [  # session 29's `large-cached` run (docs/results/2026-12-04-h200-large-cached-s29/)
+S29_LARGE_CACHED_HISTORY = [  # the 2026-12-04 `large-cached` run (docs/results/2026-12-04-h200-large-cached-s29/)
     (1, {"tail_backend": "triton-fused-loss"}, True, 0.662),
     (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.418),
     (3, {"embedding_cache_index": "device"}, True, 0.687), (4, {"data_workers": 2}, True, 0.410)]
 
 
 def test_two_leaning_changes_on_one_side_come_together_when_their_product_clears_the_floor(state, ctx):
-    """Session 29's run after #7: the overlap (#5) accepted, then pinned memory (0.876) and packed batches (0.925),
+    """The 2026-12-04 run after #7: the overlap (#5) accepted, then pinned memory (0.876) and packed batches (0.925),
     both on the host side, leaned faster under the 7.7% floor calibrated after #4. No host-and-device pair joins
     them; together, 0.810, they would clear it: they come as one candidate, first. Under a floor their product
     does not clear, or one of them alone, no bundle."""
@@ -140,7 +140,7 @@ def test_two_leaning_changes_on_one_side_come_together_when_their_product_clears
         "baseline": Baseline(numerics_file="n", step_ms=152.58, noise_floor=0.0301, calibration_file="c"),
         "recalibrations": [floor]})
     proposals = propose_offline(s29, ctx, limit=200)
-    assert proposals.pop(0).patch == {"embedding_cache_prefetch": True}  # session 30's rule, on embed's host work
+    assert proposals.pop(0).patch == {"embedding_cache_prefetch": True}  # the 2026-12-04 rule, on embed's host work
     assert proposals[0].proposer == "offline:leaning-bundle"
     assert proposals[0].patch == {"pin_memory": True, "pack_batches": True}
     assert proposals[0].expected_gain == pytest.approx(1 / (0.876 * 0.925))

@@ -169,8 +169,8 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
 
 
 def test_a_disturbed_final_measurement_whose_repeat_is_worse_keeps_both(state, ctx, monkeypatch):
-    """Session 10 at `large`: the repeat was more disturbed than the first, so the first was quoted, and the
-    repeat was nowhere on disk. Both are kept now, and the note says which one is quoted."""
+    """The x10.63 `large` run of 2026-11-30: the repeat was more disturbed than the first, so the first was quoted, and
+    the repeat was nowhere on disk. Both are kept now, and the note says which one is quoted."""
     from state_machine.state import Baseline
     first = _final_ab([110.3, 110.5, 110.4, 109.1, 109.6, 109.8], [10.2, 10.4, 12.1, 10.3, 16.0, 9.4], 0.0941)
     worse = _final_ab([110.1, 110.2, 110.0, 109.9, 110.4, 110.1], [9.6, 17.9, 10.1, 10.0, 18.2, 10.3], 0.0920)
@@ -186,8 +186,9 @@ def test_a_disturbed_final_measurement_whose_repeat_is_worse_keeps_both(state, c
 
 
 def test_the_reports_wall_time_includes_the_final_measurement(state, ctx, monkeypatch):
-    """The graph adds a node's time once it returns, after the report is written: session 27's report said 17.1
-    minutes where the run took 18.5 with its final measurement. The report now gets the time spent so far."""
+    """The graph adds a node's time once it returns, after the report is written: the 2026-12-03 x12.37 `large-cached`
+    report said 17.1 minutes where the run took 18.5 with its final measurement. The report now gets the time spent so
+    far."""
     import time
 
     from state_machine.state import Baseline
@@ -231,8 +232,8 @@ def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypa
 
 
 def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, ctx, monkeypatch):
-    """The session-10 `large` run: a 1.0% floor from the 110 ms baseline, incumbents of 24 ms after #2 and 9.7 ms
-    after #8. diagnose calibrates the floor again on each incumbent at least twice as fast as the step of the
+    """The x10.63 `large` run of 2026-11-30: a 1.0% floor from the 110 ms baseline, incumbents of 24 ms after #2 and
+    9.7 ms after #8. diagnose calibrates the floor again on each incumbent at least twice as fast as the step of the
     floor in force, and measure judges candidates against the newest one."""
     from state_machine.state import Baseline, Incumbent
     from targets.worker_protocol import Failure
@@ -326,7 +327,7 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
 @pytest.mark.parametrize("failing,raises", [("incumbent", True), ("candidate", False)])
 def test_an_incumbent_that_fails_while_timed_stops_the_run_instead_of_blaming_the_candidate(tmp_path, failing,
                                                                                              raises):
-    """In session 15 the TPE oracle's incumbent worker hung beside candidate #82, and #82 was recorded as failed: the
+    """On 2026-11-30 the TPE oracle's incumbent worker hung beside candidate #82, and #82 was recorded as failed: the
     oracle learned a false failure. Now the run stops with the candidate undecided (resumable); a candidate that
     fails itself is still one rejection."""
     from state_machine.state import Baseline, Incumbent

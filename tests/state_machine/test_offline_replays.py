@@ -65,7 +65,7 @@ def test_the_second_h200_large_cached_run_tries_loader_workers_before_blind_swee
                                                     "offline:triton-embeddings"]
 
 
-S9_LARGE_HISTORY = [  # the 2026-11-30 session-9 `large` run (docs/results/2026-11-30-h200x2-large-drained/)
+S9_LARGE_HISTORY = [  # the 2026-11-30 x12.42 `large` run (docs/results/2026-11-30-h200x2-large-drained/)
     (1, {"embedding_grad_mode": "fused"}, True), (2, {"tail_backend": "triton-fused-loss"}, True),
     (3, {"data_workers": 2}, True), (4, {"tail_fp32_dot": "tf32x3"}, True), (5, {"compile_encoder": True}, False),
     (6, {"pin_memory": True, "prefetch_to_device": True}, False), (7, {"pack_batches": True}, True),
@@ -74,7 +74,7 @@ S9_LARGE_HISTORY = [  # the 2026-11-30 session-9 `large` run (docs/results/2026-
 
 
 def test_the_host_bound_h200_large_step_goes_to_the_dense_cuda_graphs(state, ctx):
-    """Replayed on the real profile of the session-9 `large` run after its last win (#7: 11.4 ms of host work
+    """Replayed on the real profile of the x12.42 `large` run after its last win (#7: 11.4 ms of host work
     in a 13.1 ms step, 38% of it launch gaps) with its history to #11: the CUDA graphs of the dense part come
     first, and the rejected TF32 tail is not offered again in that run."""
     at = replayed(state, ctx, "h200_large_s9_after_7.json", "large", {}, S9_LARGE_HISTORY)
@@ -87,7 +87,7 @@ def test_the_host_bound_h200_large_step_goes_to_the_dense_cuda_graphs(state, ctx
     assert all("dense_cuda_graph" not in p.patch for p in propose_offline(unfused, ctx, limit=200))
 
 
-S10_LARGE_HISTORY = [  # the session-10 `large` run (docs/results/2026-11-30-h200x2-large-graphs/), with its ratios
+S10_LARGE_HISTORY = [  # the x10.63 `large` run (docs/results/2026-11-30-h200x2-large-graphs/), with its ratios
     (1, {"embedding_grad_mode": "fused"}, True, 0.693), (2, {"tail_backend": "triton-fused-loss"}, True, 0.312),
     (3, {"data_workers": 2}, True, 0.774), (4, {"tail_fp32_dot": "tf32x3"}, True, 0.749),
     (5, {"dense_cuda_graph": True}, False, 0.959), (6, {"compile_encoder": True}, False, 0.970),
@@ -95,7 +95,7 @@ S10_LARGE_HISTORY = [  # the session-10 `large` run (docs/results/2026-11-30-h20
 
 
 def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_much_faster(state, ctx):
-    """Replayed on the real profile of the session-10 `large` run after its last win (#8, packed batches: the
+    """Replayed on the real profile of the x10.63 `large` run after its last win (#8, packed batches: the
     incumbent x1.44 faster than when #5-7 were timed): the dense CUDA graphs, no-difference at 0.959 against the
     14 ms incumbent, come first again, and say why; once tried again, they are not offered a third time."""
     at = replayed(state, ctx, "h200_large_s10_after_8.json", "large", {}, S10_LARGE_HISTORY)
@@ -123,7 +123,7 @@ def test_a_change_that_leaned_faster_is_tried_once_more_after_the_incumbent_got_
                                         ctx, limit=200))
 
 
-S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h200x2-large-pairs/), all 15 candidates
+S13_LARGE_HISTORY = [  # the x13.88 `large` run (docs/results/2026-11-30-h200x2-large-pairs/), all 15 candidates
     (1, {"embedding_grad_mode": "fused"}, True, 0.618), (2, {"tail_backend": "triton-fused-loss"}, True, 0.201),
     (3, {"tail_fp32_dot": "tf32x3"}, False, 0.947), (4, {"data_workers": 2}, False, 0.917),
     (5, {"tail_fp32_dot": "tf32"}, False, 1.005), (6, {"pack_batches": True}, True, 0.816),
@@ -136,11 +136,11 @@ S13_LARGE_HISTORY = [  # the session-13 `large` run (docs/results/2026-11-30-h20
 
 
 def test_the_session_13_large_run_stopped_one_candidate_short_of_pinned_prefetch(state, ctx):
-    """Replayed on the real profile of the session-13 `large` run after its last win (#10, the host-and-device
-    pair) with all 15 of its candidates: its 16 minutes ended where the pinned prefetch came next (accepted at
-    0.810 in session 8's x13.36 run), then the fused and foreach optimizers. Cheaper candidates reach them. Since
-    session 30 the fused optimizer answers the step's launch/host-bound finding too (its optimizer launches), and
-    comes just before the pinned prefetch (it was part of session 26's winning bundle at `large`)."""
+    """Replayed on the real profile of the x13.88 `large` run after its last win (#10, the host-and-device pair) with
+    all 15 of its candidates: its 16 minutes ended where the pinned prefetch came next (accepted at 0.810 in the x13.36
+    run of the same day), then the fused and foreach optimizers. Cheaper candidates reach them. Since 2026-12-04 the
+    fused optimizer answers the step's launch/host-bound finding too (its optimizer launches), and comes just before the
+    pinned prefetch (it was part of the winning bundle of the 2026-12-03 x18.99 `large` run)."""
     at = replayed(state, ctx, "h200_large_s13_after_10.json", "large", {}, S13_LARGE_HISTORY)
     proposals = propose_offline(at, ctx, limit=200)
     assert [p.proposer for p in proposals[:3]] == ["offline:fused-optimizer-launches", "offline:pinned-prefetch",
@@ -148,7 +148,7 @@ def test_the_session_13_large_run_stopped_one_candidate_short_of_pinned_prefetch
     assert proposals[1].patch == {"pin_memory": True, "prefetch_to_device": True}
 
 
-XL_HISTORY = [  # the first xl run on an H200 (2026-11-30, session 14), its 13 decided candidates
+XL_HISTORY = [  # the first xl run on an H200 (2026-11-30), its 13 decided candidates
     (1, {"tail_backend": "triton-fused-loss"}, False, "reorder"), (2, {"tail_backend": "triton"}, False, "reorder"),
     (3, {"precision": "bf16-autocast"}, False, "precision"), (4, {"matmul_precision": "high"}, True, 0.9827),
     (5, {"tail_backend": "slots"}, True, 0.3992), (6, {"embedding_grad_mode": "fused"}, True, 0.6645),
@@ -174,7 +174,7 @@ def test_the_xl_run_tries_the_fused_triton_tail_again_under_the_bands_it_is_now_
     assert {"tail_backend": "triton-fused-loss"} not in [p.patch for p in propose_offline(before_tf32, ctx, 200)]
 
 
-XL15_HISTORY = [  # the second xl run (2026-11-30, session 15) up to its retries: both Triton tails broke the precision
+XL15_HISTORY = [  # the second xl run (2026-11-30) up to its retries: both Triton tails broke the precision
     # bands under TF32 matmuls (loss 0.021 and 0.033 against 0.02), their tl.dot in TF32 too
     *XL_HISTORY[:4], (5, {"tail_backend": "triton-fused-loss"}, False, "precision"),
     (6, {"tail_backend": "triton"}, False, "precision")]
@@ -188,7 +188,7 @@ def test_after_the_fused_tail_broke_the_precision_band_under_tf32_it_comes_with_
 
 
 def test_the_s20_large_cached_run_after_the_device_index_overlaps_the_cache_next(state, ctx):
-    """Replayed on the real profile of session 20's `large-cached` run after #3 (the caches' index on the device),
+    """Replayed on the real profile of the 2026-12-02 `large-cached` run after #3 (the caches' index on the device),
     whose embed phase waited 3.4 ms for the previous step and then spent its host time while the device idled:
     that run went on to pinned memory, loader workers, CUDA graphs and Triton embeddings, and ran out of time
     before TF32x3. The cache overlap comes first now, TF32x3 within five (the Triton embeddings, 1.376 slower
@@ -199,7 +199,7 @@ def test_the_s20_large_cached_run_after_the_device_index_overlaps_the_cache_next
         (3, {"embedding_cache_index": "device"}, True, 0.676)])
     proposals = propose_offline(at, ctx, limit=200)
     assert proposals[0].patch == {"embedding_cache_overlap": True}
-    assert proposals[1].patch == {"embedding_cache_prefetch": True}  # session 30's rule: embed's host work too
+    assert proposals[1].patch == {"embedding_cache_prefetch": True}  # the 2026-12-04 rule: embed's host work too
     assert {"tail_fp32_dot": "tf32x3"} in [p.patch for p in proposals[:6]]
     assert all("embedding_pool_on_host" not in p.patch for p in proposals)
 
@@ -224,11 +224,11 @@ def test_halving_the_host_threads_is_proposed_on_a_gpu_where_embed_works_the_hos
 
 
 def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_before_it_come_again(state, ctx):
-    """Replayed on the real profile of session 22's `large-cached` run after its last win (#12, pinned memory),
-    with its history: two loader workers had measured 1.014 (interval 0.970-1.027) before pinning, and packed
-    batches 0.954; session 20 accepted the workers after pinning (0.837). Both come back first, for the data phase
-    that profile blamed; the overlap (an embedding knob, untouched since) and 3xTF32 come back later, as changes to
-    the other side of the step than pinning's, not to the same part of it."""
+    """Replayed on the real profile of the 2026-12-03 x7.29 `large-cached` run after its last win (#12, pinned memory),
+    with its history: two loader workers had measured 1.014 (interval 0.970-1.027) before pinning, and packed batches
+    0.954; the 2026-12-02 run accepted the workers after pinning (0.837). Both come back first, for the data phase that
+    profile blamed; the overlap (an embedding knob, untouched since) and 3xTF32 come back later, as changes to the other
+    side of the step than pinning's, not to the same part of it."""
     at = replayed(state, ctx, "h200_large_cached_s22_after_12.json", "large-cached", LARGE_CACHED_BASE,
                   S22_LARGE_CACHED_HISTORY)
     workers = at.history[5]
@@ -247,12 +247,12 @@ def test_after_pinned_memory_the_loader_workers_that_measured_no_difference_befo
 
 
 def test_a_device_change_hidden_by_the_host_comes_again_after_each_host_side_win(state, ctx):
-    """Session 24's `large` run: TF32 tail products (#4: 1.027, interval 0.945-1.059) and 3xTF32 ones (#3) measured
-    no difference while the step waited on its data; two loader workers (#7) and the device prefetch (#8) were then
-    accepted, and the run never tried the products again. On top of its best, with the host bundle TPE found, TF32
-    products measured 0.505. Replayed on that run's profiles: after #7 both come again first, naming #7; once more
-    after #8 if the try after #7 showed no difference again; not a fourth time; not on a CPU, where the host is the
-    device; and not one that measured slower."""
+    """The 2026-12-03 x9.72 `large` run: TF32 tail products (#4: 1.027, interval 0.945-1.059) and 3xTF32 ones (#3)
+    measured no difference while the step waited on its data; two loader workers (#7) and the device prefetch (#8) were
+    then accepted, and the run never tried the products again. On top of its best, with the host bundle TPE found, TF32
+    products measured 0.505. Replayed on that run's profiles: after #7 both come again first, naming #7; once more after
+    #8 if the try after #7 showed no difference again; not a fourth time; not on a CPU, where the host is the device;
+    and not one that measured slower."""
     after_7 = replayed(state, ctx, "h200_large_s24_after_7.json", "large", {}, S24_LARGE_HISTORY[:7])
     proposals = propose_offline(after_7, ctx, limit=200)
     assert [p.patch for p in proposals[:2]] == [{"tail_fp32_dot": "tf32x3"}, {"tail_fp32_dot": "tf32"}]

@@ -128,7 +128,7 @@ def test_diagnose_profiles_a_disturbed_incumbent_again_and_logs_it(state, ctx, m
 
 def test_without_a_calibration_the_incumbent_is_expected_at_its_own_blocks_in_the_measurement_that_accepted_it(
         state):
-    """Session 29's `large-cached` run, after #3: the product of the ratios said 29.0 ms; #3's own blocks in its
+    """The 2026-12-04 `large-cached` run, after #3: the product of the ratios said 29.0 ms; #3's own blocks in its
     accepting (pooled) confirmation ran at a median of 63.5 ms, and its profile's unprofiled 76.0 ms is then no
     disturbance (x1.20, where against the product it was x2.62 and profiled again)."""
     from state_machine.state import Evaluated, Verdict

@@ -41,8 +41,9 @@ def test_nothing_to_measure_reserves_nothing(state, tmp_path):
     assert final_measurement_s(with_history(state, accepted=1, rejected=0, calibration=tmp_path / "gone.json")) == 0.0
 
 
-# Session 27's `large-cached` run on an H200: its nodes' seconds when it stopped after #9 (9 candidates, 7 profiles,
-# two calibrations after #2 and #6 of 46.5 + 50.4 and 56.2 + 55.2 s of A/A runs), 1,025.7 s used of 19 minutes.
+# The 2026-12-03 x12.37 `large-cached` run on an H200: its nodes' seconds when it stopped after #9 (9 candidates,
+# 7 profiles, two calibrations after #2 and #6 of 46.5 + 50.4 and 56.2 + 55.2 s of A/A runs), 1,025.7 s used of
+# 19 minutes.
 S27_NODE_S = {"setup": 0.0, "baseline": 190.3, "diagnose": 332.1, "propose": 0.015, "check": 0.002,
               "validate": 229.6, "measure": 273.6, "decide": 0.004}
 S27_CALIBRATION = XL_CALIBRATION.parent / "h200_large_cached_s27_calibration.json"
@@ -62,7 +63,7 @@ def s27_after_9(state: RunState, tmp_path: Path) -> RunState:
 
 
 def test_a_candidate_costs_its_own_evaluation_and_a_profile_its_own(state, tmp_path):
-    """Session 27: 503 s of validation and timing over 9 candidates is 55.9 s each; 332 s of diagnoses less 208 s
+    """That run: 503 s of validation and timing over 9 candidates is 55.9 s each; 332 s of diagnoses less 208 s
     of calibrations over 7 profiles is 17.7 s each. The old mean (everything after the baseline, 93 s) charged each
     candidate a share of the calibrations and profiles."""
     run = s27_after_9(state, tmp_path)
@@ -89,13 +90,13 @@ def test_session_27s_run_had_time_for_one_more_candidate(state, tmp_path):
     assert "a candidate takes 56 s" in out_of_time(run.model_copy(update={"elapsed_s": 1035.0 + 18.0}))
 
 
-# Session 29's `large-cached` run on an H200: its seven candidates' own seconds (propose to decide, events.jsonl);
+# The 2026-12-04 `large-cached` run on an H200: its seven candidates' own seconds (propose to decide, events.jsonl);
 # #3 was extended and confirmed in workers started after it. It stopped at 17.3 of 19 minutes.
 S29_CANDIDATE_S = (58.4, 90.1, 133.3, 46.5, 39.2, 42.6, 45.4)
 
 
 def test_a_candidate_is_expected_to_take_the_median_candidates_time(state, tmp_path):
-    """The mean, 65 s, stopped session 29's run with 102 s left; the median, 46.5 s, and the final measurement fit
+    """The mean, 65 s, stopped the 2026-12-04 run with 102 s left; the median, 46.5 s, and the final measurement fit
     there. A run whose candidates were not marked one by one (batched lanes, an older checkpoint) keeps the mean."""
     marks = [sum(S29_CANDIDATE_S[:i + 1]) for i in range(len(S29_CANDIDATE_S))]
     run = with_history(state, accepted=5, rejected=2, calibration=S27_CALIBRATION, elapsed_s=1038.0,
@@ -145,7 +146,7 @@ def test_no_candidate_starts_that_the_final_measurement_would_push_past_the_limi
 # --pause-after: a node starts only while it fits in what is left of this invocation
 
 def test_a_node_is_expected_to_take_its_longest_call_plus_what_it_will_do_this_time(state):
-    """large-cached on an H200 (session 20): after #2 the incumbent was estimated 3.4x faster than the step the
+    """large-cached on an H200 (2026-12-02): after #2 the incumbent was estimated 3.4x faster than the step the
     floor was set on, so the next diagnose calibrates again: the A/A runs in force (here xl's, 110.1 + 108.9 s)
     come on top of its longest profile. The report carries the final measurement (65.5 s here)."""
     from state_machine.state import Incumbent

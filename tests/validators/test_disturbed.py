@@ -11,7 +11,7 @@ from validators.confirmation import confirm_win
 
 
 def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(monkeypatch):
-    """As the agent's final measurement does (session 10 at `large`: winner blocks of 9.4-16.0 ms)."""
+    """As the agent's final measurement does (the x10.63 `large` run of 2026-11-30: winner blocks of 9.4-16.0 ms)."""
     import sg_opt.compare as compare
     stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])
     steady = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
@@ -81,7 +81,7 @@ def test_a_win_measured_while_a_side_drifted_says_so(monkeypatch):
 
 
 def test_a_disturbed_measurement_says_what_the_machine_stalled_on_in_its_blocks():
-    """Session 29's A/A calibration at `large-cached`: both sides slowed together for a few blocks, and nothing in
+    """The 2026-12-04 A/A calibration at `large-cached`: both sides slowed together for a few blocks, and nothing in
     the measurement said why; the blocks' pressure stall shares now go into the repeat's note."""
     from validators.steadiness import steadier_of_two
     stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])

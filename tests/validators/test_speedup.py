@@ -283,7 +283,7 @@ def test_spec_digest_sees_kernel_sources_not_just_their_path(tmp_path):
 
 
 def test_a_faster_side_runs_more_steps_so_both_blocks_last_as_long():
-    settle = {"a": [0.116, 0.115, 0.117], "b": [0.0088, 0.0087, 0.0090]}  # the session-8 `large` final, roughly
+    settle = {"a": [0.116, 0.115, 0.117], "b": [0.0088, 0.0087, 0.0090]}  # the 2026-11-30 x13.36 `large` final, roughly
     assert equal_time_steps(settle, 3) == {"a": 3, "b": 40}  # ceil(3 * 0.116 / 0.0088)
     assert equal_time_steps({"a": [1.0], "b": [1.0]}, 5) == {"a": 5, "b": 5}
     assert equal_time_steps({"a": [0.5], "b": [1.0]}, 5) == {"a": 10, "b": 5}  # whichever side is faster
@@ -291,7 +291,8 @@ def test_a_faster_side_runs_more_steps_so_both_blocks_last_as_long():
 
 
 def test_blocks_last_block_seconds_after_the_incumbent_got_faster():
-    # session 9 at `large`: steps_per_block 3 was sized on the 115 ms baseline; the incumbent then took 9 ms
+    # the x12.42 `large` run (2026-11-30): steps_per_block 3 was sized on the 115 ms baseline; the incumbent then
+    # took 9 ms
     settle = {"a": [0.0092, 0.0091, 0.0093], "b": [0.0080, 0.0081, 0.0079]}
     assert equal_time_steps(settle, 3) == {"a": 3, "b": 4}  # 27 ms blocks without a floor on their length
     assert equal_time_steps(settle, 3, block_seconds=0.3) == {"a": 33, "b": 38}  # ceil(0.3 / median)
