@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from sg_opt.cli_common import (CONFIG_OPT, DATA_OPT, DEVICE_OPT, JSON_OPT, RANKS_OPT, SET_OPT, SIZE_OPT, TARGET_OPT,
-                               THREADS_OPT, TIMEOUT_OPT, check_result, console, err_console, fail, fail_workload,
-                               inputs)
+                               THREADS_OPT, TIMEOUT_OPT, Working, check_result, console, err_console, fail,
+                               fail_workload, global_options, inputs, verbosity)
 from targets.protocol import ConfigError, Target
 from targets.registry import known_targets, resolve_target
 
@@ -21,10 +22,31 @@ PAUSED_EXIT = 3  # sg-opt optimize --pause-after: paused at a checkpoint, to be 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sg-opt: make sparse-model training faster without changing what it computes.")
+app.callback()(global_options)
+
+
+WIDE_KNOB_TABLE = 140  # columns the five-column knob table needs; a narrower console (a CI log) gets two
+
+
+def _narrow_knob_table(target: Target) -> Table:
+    """The knob table for 80 columns: the name with its default, then domain, numerics and why, wrapped, so no
+    column is squeezed away."""
+    table = Table(title=f"{target.name}: {target.description}")
+    table.add_column("knob = default", no_wrap=True, style="bold")
+    table.add_column("domain \\[numerics]: why", ratio=1, overflow="fold")
+    for category in dict.fromkeys(knob.category for knob in target.knob_space):
+        table.add_section()
+        table.add_row(f"[italic]{category}[/]", "")
+        for knob in (k for k in target.knob_space if k.category == category):
+            table.add_row(f"{knob.name}\n[not bold dim]= {escape(str(knob.default))}[/]",
+                          f"{escape(knob.domain())} [dim]\\[{escape(knob.numerics_text())}][/]: {escape(knob.why)}")
+    return table
 
 
 def _knob_table(target: Target) -> Table:
     """Knobs grouped by category; the reason column wraps, the names never do."""
+    if console.width < WIDE_KNOB_TABLE:
+        return _narrow_knob_table(target)
     table = Table(title=f"{target.name}: {target.description}")
     table.add_column("knob", no_wrap=True, style="bold")
     table.add_column("default", no_wrap=True)
@@ -42,29 +64,44 @@ def _knob_table(target: Target) -> Table:
     return table
 
 
-@app.command()
-def targets(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
-    """List the targets sg-opt knows, with their sizes, kernel slots and knobs.
+def target_record(t: Target) -> dict:
+    """A target as `sg-opt targets --json` lists it."""
+    return {"name": t.name, "description": t.description, "sizes": list(t.sizes), "default_size": t.default_size,
+            "phases": list(t.phases), "kernel_slots": [s.name for s in t.kernel_slots],
+            "data_formats": list(t.data_formats), "rules": [r.name for r in t.rules],
+            "quality_metrics": [m.describe() for m in t.quality_metrics],
+            "knobs": [k.to_dict() for k in t.knob_space]}
 
-    Example: sg-opt targets --json
+
+@app.command()
+def targets(
+    target: Optional[str] = typer.Option(None, "--target", help="show this one only: an installed target's name or "
+                                                                "module:attr (a user's job, say)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """List the targets sg-opt knows (or the one --target names), with their sizes, kernel slots and knobs.
+
+    Example: sg-opt targets --target examples.dlrm.job:target
     """
     found = []
-    for name in known_targets():
+    if target is not None:
+        try:
+            found.append(resolve_target(target))
+        except ConfigError as exc:
+            fail(str(exc))
+    for name in [] if target is not None else known_targets():
         try:
             found.append(resolve_target(name))
         except ConfigError as exc:
             err_console.print(f"[yellow]skipped:[/] {exc}")
     if as_json:
-        print(json.dumps([{"name": t.name, "description": t.description, "sizes": list(t.sizes),
-                           "phases": list(t.phases), "kernel_slots": [s.name for s in t.kernel_slots],
-                           "knobs": [k.to_dict() for k in t.knob_space]} for t in found], indent=1))
+        print(json.dumps([target_record(t) for t in found], indent=1))
         return
-    for target in found:
-        console.print(_knob_table(target))
-        console.print(f"sizes: {', '.join(target.sizes)}   kernel slots: "
-                      f"{', '.join(s.name for s in target.kernel_slots) or '-'}\n")
-
-
+    for t in found:
+        console.print(_knob_table(t))
+        quality = ", ".join(m.describe() for m in t.quality_metrics) or "none declared (no model changes)"
+        console.print(f"sizes: {', '.join(t.sizes)}   kernel slots: {', '.join(s.name for s in t.kernel_slots) or '-'}"
+                      f"   own rules: {len(t.rules)}   quality: {quality}\n", highlight=False)
 
 
 @app.command()
@@ -108,7 +145,7 @@ def bench(
                   ranks, timeout, blocks, block_steps, block_seconds, floor, as_json)
         return
     on = f"{ranks} ranks on {device}" if ranks > 1 else device
-    with console.status(f"benchmarking {target} @ {size} on {on} ..."):
+    with Working(f"benchmarking {target} @ {size} on {on} ..."):
         try:
             result = run_bench(target, size, overrides, device, steps, warmup, phase_steps, timeout, threads, data,
                                save, ranks)
@@ -134,11 +171,11 @@ def _bench_vs(target: str, size: str, incumbent: dict, candidate: dict, data: st
         fail("--blocks must be even, so that each side runs first equally often")
     spec = dict(target=target, size=size, mode="bench", data=data, device=device, warmup=warmup, threads=threads,
                 ranks=ranks)
-    with console.status("calibrating the noise floor (A/A), then measuring side by side ..."):
+    with Working("calibrating the noise floor (A/A), then measuring side by side ...") as working:
         try:
             result, noise = compare(WorkerRequest(config=incumbent, **spec), WorkerRequest(config=candidate, **spec),
                                     blocks, block_steps, timeout, floor, block_seconds,
-                                    progress=lambda line: err_console.print(line, soft_wrap=True, highlight=False))
+                                    progress=working.note)
         except CalibrationFailed as exc:  # the incumbent itself failed during calibration
             if exc.failure is None:
                 fail(str(exc), code=1)
@@ -180,7 +217,7 @@ def profile(
                          threads=threads, ranks=ranks, profile_steps=steps, fine=fine,
                          trace=str(Path(trace).resolve()) if trace else None)
     on = f"{ranks} ranks on {device}" if ranks > 1 else device
-    with console.status(f"profiling {target} @ {size} on {on} ..."):
+    with Working(f"profiling {target} @ {size} on {on} ..."):
         result = run_profile(req, timeout_s=timeout)
     if as_json:
         print(result.model_dump_json(indent=1))
@@ -246,10 +283,10 @@ def optimize(
     """
     from sg_opt import optimize as agent
     from sg_opt.run_store import RunRequest, new_run_id
-    from state_machine.nodes import IncumbentFailed
+    from state_machine.nodes import FinalMeasurementFailed, IncumbentFailed
     from state_machine.time_budget import Paused
 
-    quiet = as_json
+    quiet = as_json or verbosity.quiet
     pause_s = None if pause_after is None else 60.0 * pause_after
     try:
         if resume is not None:
@@ -280,7 +317,7 @@ def optimize(
         err_console.print(f"{exc}; continue with: sg-opt optimize --resume {exc.run_dir}", highlight=False,
                           soft_wrap=True, markup=False)
         raise typer.Exit(PAUSED_EXIT)
-    except IncumbentFailed as exc:
+    except (IncumbentFailed, FinalMeasurementFailed) as exc:
         fail(str(exc), code=1)
     if as_json:
         print(summary.model_dump_json(indent=1))
@@ -310,7 +347,9 @@ def gate(
     numerics_steps: int = typer.Option(10, "--numerics-steps", min=1, help="--ref: steps of the numerics "
                                                                            "fingerprint"),
     blocks: int = typer.Option(10, min=2, help="--ref: interleaved blocks per side (even)"),
-    block_steps: int = typer.Option(10, "--block-steps", min=1, help="--ref: steps per block"),
+    block_steps: int = typer.Option(10, "--block-steps", min=1, help="--ref: steps per block (at least)"),
+    block_seconds: float = typer.Option(0.5, "--block-seconds", min=0.0, help="--ref: the least a block lasts "
+                                                                              "(0: --block-steps alone)"),
     warmup: int = typer.Option(5, min=0, help="--ref: untimed steps first"),
     floor: Optional[float] = typer.Option(None, min=0.0, help="noise floor (default: A/A calibration with --ref, "
                                                               "the runs' spread with --baseline)"),
@@ -352,9 +391,10 @@ def gate(
         fail(f"--floor {floor:g} is wider than --max-regression {max_regression:g}, so no measurement could pass: "
              f"raise --max-regression, or leave --floor out to calibrate it")
     options = GateOptions(max_regression=max_regression, numerics_class=numerics_class, numerics_steps=numerics_steps,
-                          blocks=blocks, block_steps=block_steps, floor=floor, aa_runs=aa_runs, timeout_s=timeout,
+                          blocks=blocks, block_steps=block_steps, block_seconds=block_seconds, floor=floor,
+                          aa_runs=aa_runs, timeout_s=timeout,
                           max_extensions=max_extensions, allow_inconclusive=allow_inconclusive)
-    with console.status("setting up the gate ...") as status:
+    with Working("setting up the gate ...") as status:
         try:
             if baseline is not None:
                 if config or set_ or data:

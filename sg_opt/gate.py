@@ -66,6 +66,7 @@ skipped, not failed).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import shutil
 import statistics
 import subprocess
@@ -109,6 +110,9 @@ class GateOptions:
     numerics_steps: int = saved_baseline.NUMERICS_STEPS
     blocks: int = 10
     block_steps: int = 10
+    # Blocks of at least this long: at `tiny` on a 2-core VM ten steps last tens of ms, where one scheduling hiccup
+    # moves a block's mean by percents and the A/A floor passes the 5% budget.
+    block_seconds: float = 0.5
     floor: float | None = None
     aa_runs: int = 2
     timeout_s: float = 1800.0
@@ -304,11 +308,48 @@ def resolve_ref(rev: str, where: Path) -> tuple[Path, str]:
     return Path(top.stdout.strip()).resolve(), commit.stdout.strip()
 
 
+CHECKOUT_PREFIX = "sg-opt-gate-"  # ref_checkout's folders: <tmp>/sg-opt-gate-XXXX/ref, with the owner's lock
+OWNER_LOCK = "owner.lock"
+
+
+def _owner_gone(folder: Path) -> bool:
+    """Whether the gate that made ``folder`` has ended: its lock is free (the kernel drops a killed process's
+    locks) or was never taken. A running gate, in this repository or another, keeps its lock."""
+    try:
+        with open(folder / OWNER_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # no folder or no lock: nothing runs there
+        return True
+    return True
+
+
+def prune_left_behind(repo: Path) -> list[Path]:
+    """Remove the worktrees of gates killed before their cleanup (SIGKILL, a lost machine): git keeps them
+    registered, and ``git worktree prune`` alone never drops one whose folder is still there. Returns them."""
+    listed = _git(repo, "worktree", "list", "--porcelain")
+    removed = []
+    for line in listed.stdout.splitlines() if listed.returncode == 0 else ():
+        tree = Path(line.removeprefix("worktree "))
+        if (line.startswith("worktree ") and tree.name == "ref" and tree.parent.name.startswith(CHECKOUT_PREFIX)
+                and _owner_gone(tree.parent)):
+            _git(repo, "worktree", "remove", "--force", str(tree))
+            shutil.rmtree(tree.parent, ignore_errors=True)
+            removed.append(tree)
+    _git(repo, "worktree", "prune")
+    return removed
+
+
 @contextlib.contextmanager
 def ref_checkout(repo: Path, commit: str) -> Iterator[Path]:
-    """A detached worktree of ``commit`` in a temporary folder, removed (and pruned) on the way out."""
-    folder = Path(tempfile.mkdtemp(prefix="sg-opt-gate-"))
+    """A detached worktree of ``commit`` in a temporary folder, removed (and pruned) on the way out; those that
+    killed gates left behind are removed first. The folder's lock, held while it is used, tells them apart."""
+    prune_left_behind(repo)
+    folder = Path(tempfile.mkdtemp(prefix=CHECKOUT_PREFIX))
     tree = folder / "ref"
+    lock = open(folder / OWNER_LOCK, "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
         added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
         if added.returncode != 0:
@@ -319,6 +360,7 @@ def ref_checkout(repo: Path, commit: str) -> Iterator[Path]:
         _git(repo, "worktree", "remove", "--force", str(tree))
         shutil.rmtree(folder, ignore_errors=True)
         _git(repo, "worktree", "prune")
+        lock.close()
 
 
 # -- the two modes ---------------------------------------------------------------------------------
@@ -351,6 +393,7 @@ class Interleaved:
         self.progress(f"calibrating the noise floor: {runs} A/A run(s) of {a_label} ...")
         try:
             noise = calibrate_noise_floor(self.spec, o.blocks, o.block_steps, o.timeout_s, runs, seed=len(self.aa),
+                                          block_seconds=o.block_seconds,
                                           root=self.roots[0])
         except CalibrationFailed as exc:
             raise GateSetupError(f"the target cannot be timed at {a_label}: {exc}") from None
@@ -368,12 +411,18 @@ class Interleaved:
         """One more A/B run, in fresh workers."""
         o = self.options
         self.progress(f"timing {self.labels[0]} and the working tree, interleaved ...")
-        self.runs.append(measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
-                                    floor=self.floor, seed=len(self.runs), roots=self.roots))
+        run = measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
+                         block_seconds=o.block_seconds,
+                         floor=self.floor, seed=len(self.runs), roots=self.roots)
+        # a clean run replaces the ones the machine's other work tainted (uneven outside load, no lock)
+        self.runs = [r for r in self.runs if r.clean or not run.clean] + [run]
 
     def extend(self, check: StepTimeCheck) -> str | None:
         """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why
         neither can help."""
+        if self.runs[-1].failure is None and not self.result.clean:
+            self.measure()
+            return None
         wide, holds = self.floor > self.options.max_regression, holds_a_bound(check)
         if wide and not self.aa and not holds:
             return "the floor was given with --floor and is wider than the allowed regression"
@@ -397,8 +446,12 @@ class Interleaved:
     def judge(self) -> StepTimeCheck:
         ab = self.result
         if ab.failure is None:
-            return judge_step_time(ab.ratio, ab.ci_low, ab.ci_high, self.floor, self.floor_source,
-                                   self.options.max_regression, ab.step_ms("a"), ab.step_ms("b"))
+            check = judge_step_time(ab.ratio, ab.ci_low, ab.ci_high, self.floor, self.floor_source,
+                                    self.options.max_regression, ab.step_ms("a"), ab.step_ms("b"))
+            if ab.clean:
+                return check
+            return check.model_copy(update={"verdict": "inconclusive", "passed": False, "message": (
+                f"not judged: the machine's other work tainted the measurement ({ab.load_note()}); {check.message}")})
         if ab.failure.message.startswith(f"{self.labels[0]}:"):
             raise GateSetupError(f"the target cannot be timed at {self.labels[0]}: {ab.failure.message}")
         return _failed_timing(ab.failure, self.floor, self.floor_source, self.options)
