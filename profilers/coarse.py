@@ -236,6 +236,21 @@ class _Window:
                   if parent(e) is None or not is_op(parent(e)) or parent(e).name in self.annotations]
         return self._by_phase(index, direct, lambda e: 1.0)
 
+    def op_calls_by_phase(self, index: PhaseIndex, steps: int) -> dict[str, dict[str, float]]:
+        """Operator calls per step by phase and name, any nesting: the marks a cause leaves (a dense embedding
+        backward, an optimizer's loop of elementwise ops)."""
+        calls: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for e in self.ops:
+            phase = index.locate(e.time_range.start)
+            if phase is not None:
+                calls[phase][e.name] += 1.0 / steps
+        return {phase: dict(ops) for phase, ops in calls.items()}
+
+    def pageable_copy_us(self) -> float:
+        """Device time of host-to-device copies from pageable memory (their names say so: 'Pageable -> Device')."""
+        return sum(e.time_range.elapsed_us() for e, kind in self.device
+                   if kind == "memcpy" and "HtoD" in e.name and "Pageable" in e.name)
+
     def launches_by_phase(self, index: PhaseIndex) -> dict[str, float]:
         """Kernels launched from each phase."""
         return self._by_phase(index, self.launchers,
@@ -382,4 +397,6 @@ def profile_session(session: Session, device: torch.device | str, warmup: int, s
         session_bytes_d2h_per_step=_counter_rate(before, after, "bytes_d2h", steps),
         comm_s=comm_s, comm_share=None if comm_s is None else min(1.0, comm_s / step_s),
         final_loss=values[-1], trace_path=trace_path,
+        phase_ops=window.op_calls_by_phase(index, steps),
+        pageable_copy_s=window.pageable_copy_us() / 1e6 / steps if on_cuda else None,
     )

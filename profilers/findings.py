@@ -7,41 +7,33 @@ speedup by Amdahl's law if that headroom were realised: ``1 / (1 - share + share
 Findings are ranked by that gain (ties by category, phase, subject), so the first is the most
 promising; a part under 1% of the step is not reported.
 
-Headroom per category (in parentheses, what the finding's share measures; H200 figures from
-BENCHMARKS.md):
+Headroom per category: the target's own model first (``Target.headroom``: the bundled trainer's knows which of
+its backends are already fused), else the generic figures of ``GENERIC_HEADROOM``; a headroom of 1 or less means
+nothing to win, and no finding. Each finding also says which knob categories attack it (``ATTACKED_BY``), for the
+proposers' sweeps. Phases are read by name (``PHASE_CATEGORIES``), causes from the profile's marks
+(``profilers.causes``), and a target may add findings of its own on a phase (``Target.target_findings``), found
+where its headroom returns one. The generic figures, in parentheses what the finding's share measures:
 
-- data-wait (data phase): 3.5 with in-process loading (data_workers 0, no prefetch), else 1.5;
-  worker processes with pinned prefetch took data from 9.8 to 2.8 ms.
-- optimizer (optimizer phase): 20 with embedding_grad_mode dense (fused row-wise updates took it
-  from 48.2 to 1.24 ms, 39x; half of that claimed); 3 with host tables (their row-wise Adagrad runs
-  on the host: 41.5 ms a step at large-cached, 4.5 ms with device tables at large, both with
-  sparse gradients; a device cache moves the hot rows' updates to the device); 2 with
-  default/for-loop optimizers; else 1.3.
-- embedding-bound (embed phase): 3 with host or cached tables (rows cross the bus / cache
-  bookkeeping); else 2 (one fused pooled gather).
-- tail-gather-bound (tail phase): 3 with tail_backend torch (gather + einsum materialise [B, K, F],
-  and the logits' byte floor is about 20x below the measured tail); 2 with slots (explicit products,
-  the gathered tile still materialised); 1.3 with triton or triton-fused-loss (already a gather-GEMM
-  kernel, only its meta-parameters left: tail_block_b=64 made the step 0.891x as long at size large
-  on an H200).
-- fp32-products (tail phase, Triton tail multiplying fp32 without TF32: precision fp32, tail_fp32_dot
-  ieee or tf32x3, or auto at matmul_precision highest): 2.5 with ieee (tl.dot on fp32 runs as CUDA-core
-  FMAs, and the fused loss kernel took 7.47 ms at size large's shape against 3.07 as three TF32
-  tensor-core products on an H200); 1.5 with tf32x3 (2.95 against 1.92 in one TF32 pass). Only the
-  precision rules answer it (no sweep): the tile knobs do not change how it multiplies.
-- loss (loss phase): 2; BCE with dense targets moves the logits' size about four times, a fused
-  loss twice. 1.2 with tail_backend triton-fused-loss, whose tail kernel already computes the loss.
-- backward (backward phase): 3 while the tail differentiates through gather + einsum (tail_backend
-  torch: autograd's index_put_ scatter took 50.2 of the 58.9 ms backward at size large on an
-  H200), else 1.5 (dense layers' backward GEMMs, near their floor).
+- data-wait (data phase): 2, loader workers and prefetch overlap it with the step; optimizer, embedding-bound,
+  tail-gather-bound, forward, loss, backward (their phases): 1.5, what is left beyond kernel choices with no
+  knowledge of the target's.
+- dense-embedding-grads (the optimizer phase and half the backward): 5; sparse gradients write and update only
+  the looked-up rows (the job adapter's DLRM example at size small on a 2-core CPU: optimizer 21.6 -> 6.4 ms a
+  step with sparse gradients, their optimizer's loop included).
+- unfused-optimizer (the optimizer phase): 3; Adam's loop makes about nine passes over each parameter and its
+  state, a fused update one (the same example: 21.6 -> 3.3 ms a step).
+- host-sync (time the host waits on the device outside data, at most the device's idle share): 1.5.
+- unpinned-copies (pageable copies' device time, or the data phase's wait when longer): 2; a pinned copy runs at
+  bus speed, asynchronously.
+- fp32-products: no generic figure; a target's own finding.
 - launch/host-bound (device idle fraction, CUDA only, from 20%, less the data phase's host time beyond
   its device work: that wait is data-wait's, an upper estimate of it when loading overlaps the step):
   3 with >= 100 kernels per step (CUDA graphs / compile remove launch gaps), else 1.5; also 1.5 when
   the host works more than 250 us per launch outside the data phase: then it computes rather than
-  launches (an H200 `large` step: 96 us a launch; `large-cached`, whose tables are updated on the
-  host: 720 us).
-- cache-misses (embed phase, cached tables, miss rate from 1%): 1 / (1 - miss_rate / 2), a
-  larger, planned or LFU cache halving the misses with embed time proportional to them.
+  launches (on an H200, 96 us a launch for a step with device tables; 720 us for one whose tables
+  are updated on the host).
+- cache-misses (embed phase, a session counting its cache's miss_rate, from 1%): 1 / (1 - miss_rate
+  / 2), a larger, planned or LFU cache halving the misses with embed time proportional to them.
 - memory-/compute-bound kernel (slot median / step, one call per step): 0.8 / roofline fraction,
   at most 10 (a tuned kernel reaches about 80% of the roof it sits under); none above 80%.
 - communication (share of the step with a collective in flight, one rank of a torch.distributed
@@ -53,11 +45,12 @@ BENCHMARKS.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
+from profilers.causes import causes
 from profilers.records import CoarseProfile, FineProfile, Finding, PhaseTime, SlotTiming
-from targets.haste_rec.knobs import tail_dot_precision
+from targets.protocol import Target
+from targets.tuning import Headroom
 
 MIN_SHARE = 0.01           # parts below 1% of the step are not reported
 IDLE_THRESHOLD = 0.2       # device idle share above which the step is launch/host-bound
@@ -70,13 +63,32 @@ COMM_THRESHOLD = 0.2       # share of the step with collectives in flight above 
 
 # Phase name -> the category its time is evidence for.
 PHASE_CATEGORIES = {"data": "data-wait", "optimizer": "optimizer", "embed": "embedding-bound",
-                    "tail": "tail-gather-bound", "loss": "loss", "backward": "backward"}
+                    "tail": "tail-gather-bound", "loss": "loss", "backward": "backward", "forward": "forward"}
 
+GENERIC_HEADROOM: dict[str, Headroom] = {
+    "data-wait": Headroom(2.0, "batches are built or copied inside the step; loader workers and prefetch overlap "
+                               "them with it"),
+    **{category: Headroom(1.5, "what is left beyond kernel choices; the target gives no figure of its own")
+       for category in ("optimizer", "embedding-bound", "tail-gather-bound", "loss", "backward", "forward")},
+    "dense-embedding-grads": Headroom(5.0, "sparse gradients write and update only the looked-up rows (a DLRM-style "
+                                           "job on a 2-core CPU: optimizer 21.6 -> 6.4 ms a step)"),
+    "unfused-optimizer": Headroom(3.0, "a fused update makes one pass over parameters and state where the loop makes "
+                                       "about nine (a DLRM-style job on a 2-core CPU: 21.6 -> 3.3 ms a step)"),
+    "host-sync": Headroom(1.5, "deferred reads let the host queue the next steps while the device works"),
+    "unpinned-copies": Headroom(2.0, "page-locked copies run at bus speed and asynchronously"),
+}
 
-@dataclass(frozen=True)
-class Headroom:
-    value: float
-    basis: str
+# Finding category -> the knob categories that attack it (the proposers' sweeps). Launch gaps: compile and the
+# host's threads and reads (tile sizes cut no launches). fp32-products: only a target's precision rules answer it.
+ATTACKED_BY: dict[str, tuple[str, ...]] = {
+    "data-wait": ("data",), "optimizer": ("kernel", "embedding"), "embedding-bound": ("embedding", "kernel"),
+    "tail-gather-bound": ("kernel", "precision"), "loss": ("kernel", "precision"), "backward": ("kernel", "precision"),
+    "forward": ("compile", "precision", "kernel"), "launch/host-bound": ("compile", "host"),
+    "cache-misses": ("embedding",), "memory-bound kernel": ("kernel", "precision"),
+    "compute-bound kernel": ("kernel", "precision"), "communication": ("distributed",), "fp32-products": (),
+    "dense-embedding-grads": ("embedding",), "unfused-optimizer": ("kernel",), "host-sync": ("host", "compile"),
+    "unpinned-copies": ("data",),
+}
 
 
 def amdahl(share: float, headroom: float) -> float:
@@ -89,60 +101,27 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def phase_headroom(category: str, knobs: Mapping[str, Any]) -> Headroom:
-    """The documented headroom of a phase category under the current knob values (see the table above)."""
-    if category == "data-wait":
-        if knobs.get("data_workers", 0) == 0 and not knobs.get("prefetch_to_device", False):
-            return Headroom(3.5, "batches are built in the training process; worker processes with pinned "
-                                 "prefetch took data from 9.8 to 2.8 ms on an H200")
-        return Headroom(1.5, "loading already overlaps the step; what is left is the copy and the wait")
-    if category == "optimizer":
-        if knobs.get("embedding_grad_mode") == "dense":
-            return Headroom(20.0, "dense table-sized embedding gradients; fused row-wise updates took the "
-                                  "optimizer from 48.2 to 1.24 ms on an H200")
-        if knobs.get("embedding_placement") == "host":
-            return Headroom(3.0, "row-wise Adagrad over host tables runs on the host's CPUs (41.5 ms a step at "
-                                 "large-cached on an H200 host, 4.5 ms with device tables at large, both sparse); "
-                                 "a device cache updates the hot rows on the device")
-        if knobs.get("optimizer_impl", "default") in ("default", "for-loop"):
-            return Headroom(2.0, "one update kernel per parameter; foreach/fused optimizers batch them")
-        return Headroom(1.3, "the optimizer is already batched; little is left to fuse")
-    if category == "embedding-bound":
-        if knobs.get("embedding_placement") in ("host", "cached"):
-            return Headroom(3.0, "rows cross the host bus or go through cache bookkeeping; device placement "
-                                 "(when the tables fit) or host pooling avoids it")
-        return Headroom(2.0, "pooled gathers from device tables; one fused lookup kernel reads each row once")
-    if category == "tail-gather-bound":
-        backend = knobs.get("tail_backend", "torch")
-        if backend in ("triton", "triton-fused-loss"):
-            return Headroom(1.3, "the tail is already a gather-GEMM Triton kernel; what is left is its meta-parameters "
-                                 "(tail_block_b=64 made the whole step 0.891x as long at size large on an H200)")
-        if backend == "slots":
-            return Headroom(2.0, "explicit forward/backward products, but the gathered [B, K, F] tile is still "
-                                 "materialised; a fused gather-GEMM kernel keeps it in registers")
-        return Headroom(3.0, "gather + einsum materialise [B, K, F]; the logits' byte floor is about 20x lower, "
-                             "a fused gather-GEMM kernel writes them once")
-    if category == "loss":
-        if knobs.get("tail_backend") == "triton-fused-loss":
-            return Headroom(1.2, "the BCE and its gradient are already fused into the tail kernel; the logits never "
-                                 "reach memory")
-        return Headroom(2.0, "BCE with materialised dense targets moves the logits' size about four times; "
-                             "a fused loss moves it twice")
-    if category == "backward":
-        if knobs.get("tail_backend", "torch") == "torch":
-            return Headroom(3.0, "autograd through the tail's gather scatters its gradient with index_put_ "
-                                 "(50.2 of 58.9 ms at size large on an H200); explicit backward kernels avoid it")
-        return Headroom(1.5, "the backward's GEMMs and row gradients; little is left beyond kernel tuning")
-    raise ValueError(f"no phase headroom for category {category!r}")
+def attacked_by(finding: Finding) -> tuple[str, ...]:
+    """The knob categories that attack a finding: its own list, or, for one recorded before findings said so, its
+    category's."""
+    if finding.knob_categories is not None:
+        return tuple(finding.knob_categories)
+    return ATTACKED_BY.get(finding.category, ())
 
 
-def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
+def _room(category: str, knobs: Mapping[str, Any], target: Target | None) -> Headroom | None:
+    """The target's headroom for a category, else the generic one (None: neither has one)."""
+    own = target.headroom(category, knobs) if target is not None and target.headroom is not None else None
+    return own if own is not None else GENERIC_HEADROOM.get(category)
+
+
+def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any], target: Target | None) -> list[Finding]:
     found = []
     for phase, category in PHASE_CATEGORIES.items():
         timing = coarse.phases.get(phase)
-        if timing is None or timing.share < MIN_SHARE:
+        room = _room(category, knobs, target)
+        if timing is None or timing.share < MIN_SHARE or room is None or room.value <= 1.0:
             continue
-        room = phase_headroom(category, knobs)
         device = f", {_ms(timing.device_s)} on the device" if timing.device_s is not None else ""
         evidence = (f"{phase} takes {timing.share:.1%} of the {_ms(coarse.step_s)} step "
                     f"({_ms(timing.host_s)} on the host{device}).")
@@ -153,32 +132,34 @@ def _phase_findings(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Fin
 
 def _device_fraction(timing: PhaseTime) -> float | None:
     """The phase's device time over its wall time, the host's when longer (None off a GPU): a host-bound phase
-    (session 20's `embed` at large-cached: 1.61 ms on the device in 12.07 on the host) gains little from faster
-    kernels."""
+    (an `embed` phase at 1.61 ms on the device in 12.07 on the host) gains little from faster kernels."""
     if timing.device_s is None:
         return None
     wall = max(timing.host_s, timing.device_s)
     return timing.device_s / wall if wall > 0 else None
 
 
-def _fp32_products_finding(coarse: CoarseProfile, knobs: Mapping[str, Any]) -> list[Finding]:
-    tail = coarse.phases.get("tail")
-    dot = tail_dot_precision(knobs) if "tail_fp32_dot" in knobs else None
-    fp32_tail = (knobs.get("tail_backend") in ("triton", "triton-fused-loss") and knobs.get("precision") == "fp32"
-                 and dot in ("ieee", "tf32x3"))
-    if not fp32_tail or tail is None or tail.share < MIN_SHARE:
-        return []
-    if dot == "ieee":
-        room = Headroom(2.5, "tl.dot on fp32 runs as CUDA-core FMAs: the fused loss kernel took 7.47 ms at size "
-                             "large's shape against 3.07 as three TF32 tensor-core products (tail_fp32_dot) on an H200")
-        how = "exact fp32 on the CUDA cores"
-    else:
-        room = Headroom(1.5, "three TF32 tensor-core passes where one may do: the fused loss kernel took 2.95 ms "
-                             "at size large's shape against 1.92 in one TF32 pass on an H200, if the precision "
-                             "band allows")
-        how = "fp32 as three TF32 tensor-core products"
-    evidence = f"the Triton tail multiplies {how}; tail takes {tail.share:.1%} of the {_ms(coarse.step_s)} step."
-    return [_finding("fp32-products", "tail", None, evidence, tail.share, room, device_fraction=_device_fraction(tail))]
+def _target_findings(coarse: CoarseProfile, knobs: Mapping[str, Any], target: Target | None) -> list[Finding]:
+    """The target's own (phase, category) findings, where its headroom returns one under these knobs."""
+    found = []
+    for phase, category in (target.target_findings if target is not None else ()):
+        timing = coarse.phases.get(phase)
+        room = target.headroom(category, knobs) if target.headroom is not None else None
+        if room is None or room.value <= 1.0 or timing is None or timing.share < MIN_SHARE:
+            continue
+        evidence = f"{room.cause}; {phase} takes {timing.share:.1%} of the {_ms(coarse.step_s)} step."
+        found.append(_finding(category, phase, None, evidence, timing.share, room,
+                              device_fraction=_device_fraction(timing)))
+    return found
+
+
+def _cause_findings(coarse: CoarseProfile, knobs: Mapping[str, Any], target: Target | None) -> list[Finding]:
+    found = []
+    for cause in causes(coarse):
+        room = _room(cause.category, knobs, target)
+        if room is not None and room.value > 1.0 and cause.share >= MIN_SHARE:
+            found.append(_finding(cause.category, cause.phase, None, cause.evidence, cause.share, room))
+    return found
 
 
 def _data_idle_share(coarse: CoarseProfile) -> float:
@@ -233,14 +214,17 @@ def _comm_finding(coarse: CoarseProfile) -> list[Finding]:
     return [_finding("communication", None, None, evidence, share, room)]
 
 
-def _cache_finding(coarse: CoarseProfile, counters: Mapping[str, float], knobs: Mapping[str, Any]) -> list[Finding]:
+def _cache_finding(coarse: CoarseProfile, counters: Mapping[str, float], knobs: Mapping[str, Any],
+                   target: Target | None) -> list[Finding]:
+    """From a session that counts cache misses (``miss_rate``), unless its target says it has no cache to win."""
     miss_rate = counters.get("miss_rate")
     embed = coarse.phases.get("embed")
-    if (knobs.get("embedding_placement") != "cached" or miss_rate is None or miss_rate < MIN_MISS_RATE
+    own = _room("cache-misses", knobs, target)
+    if (own is not None and own.value <= 1.0 or miss_rate is None or miss_rate < MIN_MISS_RATE
             or embed is None or embed.share < MIN_SHARE):
         return []
-    room = Headroom(1.0 / (1.0 - miss_rate / 2.0), "a larger, planned or LFU cache halving the misses, with embed "
-                                                   "time proportional to them")
+    room = own or Headroom(1.0 / (1.0 - miss_rate / 2.0), "a larger, planned or LFU cache halving the misses, with "
+                                                          "embed time proportional to them")
     misses, hits = counters.get("misses", 0.0), counters.get("hits", 0.0)
     evidence = (f"the embedding cache missed {miss_rate:.1%} of lookups ({misses:.0f} of {misses + hits:.0f}); "
                 f"embed takes {embed.share:.1%} of the {_ms(coarse.step_s)} step.")
@@ -269,14 +253,17 @@ def _finding(category: str, phase: str | None, subject: str | None, evidence: st
              room: Headroom, **more: Any) -> Finding:
     """A finding with its Amdahl gain; `more`: the optional fields (host_by_phase, device_fraction)."""
     return Finding(category=category, phase=phase, subject=subject, evidence=evidence, share=share,
-                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value), **more)
+                   headroom=room.value, headroom_basis=room.basis, amdahl_gain=amdahl(share, room.value),
+                   knob_categories=list(ATTACKED_BY.get(category, ())), **more)
 
 
 def findings(coarse: CoarseProfile, fine: FineProfile | None, counters: Mapping[str, float],
-             knobs: Mapping[str, Any]) -> list[Finding]:
-    """Every finding the profiles support, the largest Amdahl gain first."""
-    found = (_phase_findings(coarse, knobs) + _fp32_products_finding(coarse, knobs) + _launch_finding(coarse)
-             + _cache_finding(coarse, counters, knobs) + _comm_finding(coarse))
+             knobs: Mapping[str, Any], target: Target | None = None) -> list[Finding]:
+    """Every finding the profiles support, the largest Amdahl gain first; ``target``: its own headroom model and
+    findings (None: the generic figures alone)."""
+    found = (_phase_findings(coarse, knobs, target) + _target_findings(coarse, knobs, target)
+             + _cause_findings(coarse, knobs, target) + _launch_finding(coarse)
+             + _cache_finding(coarse, counters, knobs, target) + _comm_finding(coarse))
     if fine is not None:
         found += [f for slot in fine.slots if (f := _kernel_finding(slot, coarse.step_s)) is not None]
     return sorted(found, key=lambda f: (-f.amdahl_gain, f.category, f.phase or "", f.subject or ""))

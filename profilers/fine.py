@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -25,38 +25,6 @@ from targets.protocol import KernelSlot, Target
 
 FLUSH_BYTES_MIN = 256 << 20
 WARMUP_CALLS = 3  # untimed calls first: compilation, allocator, caches
-
-# The haste_rec tail slots and the phase whose work each does (tail_backend torch runs the same
-# products through autograd, in the same phases).
-HASTE_REC_SLOT_PHASES = {"tail_forward": "tail", "tail_backward_weight": "backward",
-                         "tail_backward_input": "backward"}
-
-
-def haste_rec_slot_shapes(session: Any) -> dict[str, dict[str, int]]:
-    """The tail slots' shapes in a built haste_rec session, read from its output layer.
-
-    A target may later report its slot shapes itself; until the protocol has that, this reads
-    them from ``session.model.output``: tail_index [K, F], tail_weight [K, G, F], the batch
-    size B and the tail's input width Ht. Under bf16 autocast with the slots backend the bias is
-    added outside the slot (``bias`` 0); otherwise tail_forward adds it.
-    """
-    out = session.model.output
-    groups, size, fan_in = out.tail_weight.shape
-    if tuple(out.tail_index.shape) != (groups, fan_in):
-        raise ValueError(f"tail_index is {tuple(out.tail_index.shape)}, tail_weight {tuple(out.tail_weight.shape)}")
-    shape = {"B": int(session.batch_size), "Ht": int(out.tail_dims), "K": int(groups), "G": int(size),
-             "F": int(fan_in)}
-    bias_outside = bool(getattr(session, "autocast", False)) and out.backend in ("slots", "triton", "triton-fused-loss")
-    return {"tail_forward": {**shape, "bias": 0 if bias_outside else 1},
-            "tail_backward_weight": dict(shape), "tail_backward_input": dict(shape)}
-
-
-def haste_rec_slot_dtype(session: Any) -> torch.dtype:
-    """The dtype the tail's products run in: bf16 under autocast, else the session's compute dtype."""
-    return torch.bfloat16 if getattr(session, "autocast", False) else session.compute_dtype
-
-
-# ----------------------------------------------------------------------------- timing
 
 def _implementation_name(fn: Callable, slot: KernelSlot) -> str:
     if fn is slot.reference:

@@ -40,6 +40,7 @@ from profilers.worker import fine_profile, floor_of, step_work
 from targets.protocol import PhaseWork
 from targets.rank_worker import join_job, serve_rank
 from targets.ranks import RankContext, inject_fault, leave
+from targets.registry import resolve_target
 from targets.worker import build_session, environment
 
 
@@ -112,7 +113,7 @@ def run_rank(req: ProfileRequest) -> ProfileResult | None:
     result.floor = floor_of(req, chosen.work, job.device, chosen.coarse)
     if req.fine:
         single_process_fine(req, job.device, result)
-    result.findings = findings(chosen.coarse, None, chosen.counters, chosen.config)
+    result.findings = findings(chosen.coarse, None, chosen.counters, chosen.config, resolve_target(req.target))
     result.ok = True
     result.wall_s = time.perf_counter() - start
     return result

@@ -19,7 +19,8 @@ PROFILE_SCHEMA_VERSION = 1
 
 FindingCategory = Literal["embedding-bound", "tail-gather-bound", "launch/host-bound", "data-wait", "optimizer",
                           "memory-bound kernel", "compute-bound kernel", "cache-misses", "loss", "backward",
-                          "communication", "fp32-products"]
+                          "communication", "fp32-products", "forward", "dense-embedding-grads", "unfused-optimizer",
+                          "host-sync", "unpinned-copies"]
 
 
 # ----------------------------------------------------------------------------- coarse
@@ -135,6 +136,10 @@ class CoarseProfile(BaseModel):
                           "on CUDA, c10d ops and gloo ranges on the CPU; see profilers.coarse); None outside a "
                           "torch.distributed job")
     comm_share: float | None = Field(None, description="comm_s / step_s")
+    phase_ops: dict[str, dict[str, float]] = Field(default_factory=dict, description=(
+        "phase -> operator name -> calls per step (any nesting): the marks a cause leaves (profilers.causes)"))
+    pageable_copy_s: float | None = Field(None, description="device time per step of host-to-device copies from "
+                                                            "pageable memory; None on a CPU run")
     final_loss: float
     trace_path: str | None = None
 
@@ -282,6 +287,8 @@ class Finding(BaseModel):
                                             "share of the host's work outside data (waits on the device apart)")
     device_fraction: float | None = Field(None, description="a phase's finding on a GPU: its device time over its "
                                           "wall time (the host's, when longer): what a device-side change can reach")
+    knob_categories: list[str] | None = Field(None, description="the knob categories that attack it (None: a "
+                                              "finding recorded before findings said so; see attacked_by)")
 
 
 # ----------------------------------------------------------------------------- worker request/result

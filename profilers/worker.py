@@ -17,7 +17,7 @@ import torch
 
 from profilers.ceilings import get_ceilings
 from profilers.coarse import profile_session
-from profilers.fine import HASTE_REC_SLOT_PHASES, haste_rec_slot_dtype, haste_rec_slot_shapes, profile_slots
+from profilers.fine import profile_slots
 from profilers.findings import findings
 from profilers.floor import step_floor
 from profilers.op_timing import time_top_ops
@@ -33,13 +33,13 @@ def fine_profile(req: ProfileRequest, target: Target, kernels: dict, session: Se
                  result: ProfileResult) -> FineProfile | None:
     """The kernel slots on the session's shapes against the ceilings, and its top ops timed per call. It runs
     steps of the session on its own, so a ranked profile calls it on a single-process session."""
-    if target.name != "haste-rec":  # the only target whose slot shapes can be read from a session yet
+    if target.slot_shapes is None or target.slot_dtype is None:  # it does not say where its slots run
         result.notes.append(f"fine profile skipped: slot shapes of target {target.name} are unknown")
         return None
     ceilings = get_ceilings(device, quick=req.quick_ceilings)
-    fine = profile_slots(target, haste_rec_slot_shapes(session), device, haste_rec_slot_dtype(session), kernels,
+    fine = profile_slots(target, target.slot_shapes(session), device, target.slot_dtype(session), kernels,
                          req.fine_repeats, ceilings=ceilings, coarse=result.coarse,
-                         slot_phases=HASTE_REC_SLOT_PHASES, seed=req.seed)
+                         slot_phases=dict(target.slot_phases), seed=req.seed)
     top = [op.name for op in result.coarse.top_ops[:TOP_OPS_TIMED]]
     fine.op_timings = time_top_ops(session, device, req.profile_steps, top, ceilings)
     return fine
@@ -76,7 +76,7 @@ def execute(req: ProfileRequest) -> ProfileResult:
         result.counters = session.counters()
         result.fine = fine_profile(req, target, kernels, session, device, result) if req.fine else None
         result.floor = floor_of(req, step_work(session, result.coarse), device, result.coarse)
-        result.findings = findings(result.coarse, result.fine, result.counters, result.config)
+        result.findings = findings(result.coarse, result.fine, result.counters, result.config, target)
         result.ok = True
     except Exception as exc:  # noqa: BLE001 - any workload error is a structured failure
         result.failure = failure_of(exc)

@@ -38,21 +38,27 @@ def _type(param) -> str:
     return getattr(annotation, "__name__", None) or "text"
 
 
-def command_markdown(name: str, command) -> str:
-    doc = inspect.cleandoc(command.help or "")
-    lines = [f"## `sg-opt {name}`", "", doc, "", "| option | type | default | meaning |", "|---|---|---|---|"]
-    for param in command.params:
+def _options_table(params) -> list[str]:
+    lines = ["| option | type | default | meaning |", "|---|---|---|---|"]
+    for param in params:
         if param.name == "help":
             continue
         meaning = (getattr(param, "help", None) or "").replace("|", "/").replace("\n", " ")
         lines.append(f"| {_flags(param)} | {_type(param)} | {_default(param)} | {meaning} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def command_markdown(name: str, command) -> str:
+    doc = inspect.cleandoc(command.help or "")
+    return "\n".join([f"## `sg-opt {name}`", "", doc, "", *_options_table(command.params)]) + "\n"
 
 
 def reference() -> str:
     group = typer.main.get_command(app)
     parts = ["# sg-opt command reference", "",
-             "Generated from the CLI by `python -m sg_opt.cli_reference`; every command also answers `--help`.", ""]
+             "Generated from the CLI by `python -m sg_opt.cli_reference`; every command also answers `--help`.", "",
+             "## Global options", "", "Before the command: `sg-opt -v optimize ...`.", "",
+             *_options_table(group.params), ""]
     for name in sorted(group.commands):
         parts.append(command_markdown(name, group.commands[name]))
     return "\n".join(parts)

@@ -19,7 +19,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"config file {file} does not exist")
     try:
-        data = tomllib.loads(file.read_text())
+        data = tomllib.loads(file.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {file} cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 by definition
+        raise ConfigError(f"config file {file} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
+                          f"TOML files must be UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
     knobs = data.get("knobs", data)

@@ -21,7 +21,7 @@ from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import check_reachable, make_client
 from sg_opt.redact import resolve_base_url
 from sg_opt.report import write_report
-from sg_opt.run_store import RunRequest, create_run, find_run
+from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run, refuse_restart
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
 from sg_opt.tiers import load_tiers
 from state_machine import graph
@@ -89,6 +89,11 @@ def build_context(request: RunRequest, run_dir: Path,
         plan = EvalPlan(**(fine | request.plan))
     except ValueError as exc:
         raise ConfigError(f"bad evaluation plan: {exc}") from None
+    if plan.quality_steps is None:  # a quality run trains the steps the target asks for
+        plan = plan.model_copy(update={"quality_steps": target.steps_for_quality(request.size)})
+    if request.allow_model_changes and not target.quality_metrics:
+        raise ConfigError(f"target {target.name} declares no quality metric (Target.quality_metrics), so a model "
+                          f"change cannot be judged; drop --allow-model-changes")
     state = RunState(run_id=request.run_id, run_dir=str(run_dir), target=request.target, size=request.size,
                      device=request.device, data=request.data, threads=request.threads, ranks=request.ranks,
                      gpus=request.gpus,
@@ -157,6 +162,9 @@ class LiveView:
         elif kind == "numerics-retry":
             line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
                     f"{record['reason']}); once more without them")
+        elif kind == "baseline-stage":
+            self.node = f"baseline: {record['stage']}"
+            line = self.node + (f" ({record['cut']})" if record.get("cut") else "")
         elif kind == "propose":
             self.node = line = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
         elif kind in ("baseline", "diagnose", "setup", "report"):
@@ -213,10 +221,15 @@ def final_table(summary: Summary) -> Table:
 
 def result_sentence(summary: Summary) -> str:
     f = summary.final
+    if f is not None and f.speedup is not None and not f.clean:
+        return (f"could not measure cleanly: the final side-by-side measurement ran beside other load ({f.load}); "
+                f"{summary.accepted} change(s) kept, stopped by {summary.stop_reason}")
     if f is not None and f.speedup is not None:
         return (f"best: x{f.speedup:.2f} faster than the baseline (step ratio {f.ratio:.3f}, 95% interval "
                 f"{f.ci_low:.3f}-{f.ci_high:.3f}), {summary.accepted} change(s) kept, ${summary.spend.cost_usd:.4f} "
                 f"spent, stopped by {summary.stop_reason}")
+    if f is not None and f.note:  # the final measurement failed: say how, and how to measure again
+        return f"no faster configuration was proven: {f.note}"
     return f"no faster configuration was proven; stopped by {summary.stop_reason}"
 
 
@@ -234,10 +247,13 @@ def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
 def resume(run_id: str, out: str, console: Console, quiet: bool = False,
            pause_after_s: float | None = None, base_url: str | None = None) -> tuple[RunState, Summary]:
     run_dir, request = find_run(out, run_id)
+    check_checkpoint(run_dir)
     ctx, initial = build_context(request, run_dir, base_url)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
         graph.relocate(ctx, run_dir, request.run_id)  # moved, or resumed from another working directory
+    else:
+        refuse_restart(run_dir)  # a run with results and no checkpoint is never started over on top of them
     return _drive(ctx, None if started else initial, request, run_dir, console, quiet, pause_after_s)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, StepTime, Summary, build_summary
+from state_machine.portable import portable
 from state_machine.state import RunState
 from targets.protocol import ConfigError, Target
 
@@ -295,6 +296,19 @@ def final_over_floor(s: Summary) -> str | None:
             f"x{s.best_step.ms / floor_ms:.1f} the floor ({floor_ms:.3f} ms)")
 
 
+def quality_lines(s: Summary) -> list[str]:
+    """The baseline's held-out quality and each model change's against it, band included (runs that allow model
+    changes)."""
+    if s.baseline_quality is None:
+        return []
+    metrics = ", ".join(f"{name} {value:.4f}" for name, value in sorted(s.baseline_quality.items()))
+    lines = ["", "## Quality (model changes)", "", f"Baseline: {metrics}."]
+    for c in s.candidates:
+        if c.numerics_class == "model" and c.numerics_detail:
+            lines.append(f"- #{c.id} {c.change} ({verdict_text(c.accepted, c.stage)}): {c.numerics_detail}")
+    return lines
+
+
 def report_markdown(s: Summary) -> str:
     f = s.final
     rows = [("baseline step time", step_text(s.baseline_step)), ("best step time", step_text(s.best_step)),
@@ -318,6 +332,7 @@ def report_markdown(s: Summary) -> str:
         lines.append(f"| {c.id} | {c.kind} | {c.change} | {c.proposer} | {verdict} | "
                      f"{ratio_text(c.ratio, c.ci_low, c.ci_high)} | {step_ms_text(c.step_ms)} | "
                      f"{c.reason.replace('|', '/')} |")
+    lines += quality_lines(s)
     env = dict(machine_rows(s.environment))
     ranks = [f"Ranks ({p.label}): {p.ranks_note}." for p in s.phases if p.ranks_note][-1:]
     for paragraph in (_phase_line(s), host_line(s), *ranks, None if s.roofline else NO_ROOFLINE.split(". ")[0] + "."):
@@ -337,7 +352,7 @@ def write_summary_files(summary: Summary, run_dir: Path) -> list[str]:
     """summary.json, best_config.toml, report.md and report.html from a summary (no state needed)."""
     from sg_opt.report_html import render_html  # matplotlib is imported only when a report is drawn
 
-    (run_dir / SUMMARY_FILE).write_text(summary.model_dump_json(indent=1))
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(portable(summary.model_dump(mode="json"), run_dir), indent=1))
     (run_dir / BEST_CONFIG).write_text(best_config_toml(summary))
     (run_dir / REPORT_MD).write_text(report_markdown(summary))
     (run_dir / REPORT_HTML).write_text(render_html(summary, kernel_diffs(run_dir)), encoding="utf-8")
@@ -443,4 +458,4 @@ def regenerate(run_dir: str | Path) -> Summary:
         write_report(state, target, summary)
     else:
         write_summary_files(summary, Path(run_dir))
-    return summary
+    return Summary.model_validate_json((Path(run_dir) / SUMMARY_FILE).read_text())  # as written: paths relative

@@ -161,6 +161,8 @@ class Summary(BaseModel):
                                                 "on faster incumbents during the run (files relative to the run)")
     reorder_scale: float | None = Field(None, description="the reorder bands' calibrated multiplier (1: fixed bands)")
     reorder_calibration: str | None = Field(None, description="how the baseline drifted from itself, reassociated")
+    baseline_quality: dict[str, float] | None = Field(None, description="the baseline's held-out quality metrics "
+                                                      "(runs that allow model changes)")
     baseline_step: StepTime | None = Field(None, description="baseline step time, side by side with the best "
                                                              "when one was accepted, else from the A/A blocks")
     best_step: StepTime | None = Field(None, description="best step time from the final side-by-side A/B")
@@ -470,6 +472,7 @@ def build_summary(state: RunState) -> Summary:
                    baseline_step=baseline_step,
                    reorder_scale=baseline.reorder.scale if baseline else None,
                    reorder_calibration=baseline.reorder.detail if baseline else None,
+                   baseline_quality=baseline.quality if baseline else None,
                    best_step=best_step, numerics=_numerics(state), best_config=state.incumbent.config,
                    best_kernels=sorted(state.incumbent.kernels), est_speedup=state.incumbent.est_speedup,
                    final=state.final, evaluated=state.evaluated, accepted=accepted,

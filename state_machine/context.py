@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from state_machine.llm_interfaces import LLM, Ledger
+from state_machine.portable import portable
 from targets.protocol import Target
 
 SEARCHES = ("rules", "tpe")  # the offline tier's proposers: the rule catalog, or Optuna's TPE (the oracle)
@@ -47,8 +48,9 @@ class RunContext:
         """Append one line to the run's events.jsonl (and show it live): the run's own log."""
         record = {"t": time.time(), "event": what, **fields}
         path = Path(run_dir) / "events.jsonl"
+        written = portable(json.loads(json.dumps(record, default=str)), run_dir)  # no absolute path, no trace
         with open(path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(record, default=str) + "\n")
+            out.write(json.dumps(written) + "\n")
             out.flush()
         if self.on_event is not None:
             self.on_event(record)

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from state_machine import batch, nodes
 from state_machine import state as state_module
 from state_machine.context import RunContext
+from state_machine.node_clock import NodeClock, lost_time
 from state_machine.state import RunState
 from state_machine.time_budget import Paused, pause_reason
 
@@ -52,7 +53,8 @@ def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunConte
             ctx.event(state.run_dir, "paused", node=name, reason=why)
             raise Paused(name, why, state.run_dir)
         ctx.nodes_started += 1
-        updates = node(state, ctx)
+        with NodeClock(state.run_dir, name):  # a node that never returns has its time booked on resume
+            updates = node(state, ctx)
         updates.update(state.spent_in(name, time.monotonic() - start))
         if ctx.ledger is not None:
             updates["spent_usd"] = ctx.ledger.spent_usd()
@@ -130,6 +132,7 @@ def run(ctx: RunContext, state: RunState | None, run_dir: str | Path, run_id: st
     """
     app = compile_graph(ctx, run_dir)
     config = thread(run_id)
+    state = _book_lost_time(ctx, app, config, state, run_dir)
     for update in app.stream(state, config, stream_mode="updates", durability="sync"):
         if on_update is not None:
             for node_name in update:
@@ -171,10 +174,40 @@ def relocate(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
             return [moved(v) for v in value]
         return value
 
+    _rewrite(app, config, RunState.model_validate(moved(state.model_dump())))
+    return True
+
+
+def _rewrite(app, config: dict[str, Any], state: RunState) -> None:
+    """Replace the last checkpoint's state, as an update from the node that wrote it (the task of the one before),
+    so that the node to run next stays the same. Earlier rewrites (updates that left the next node as it was) are
+    passed over: the second rewrite would take the node to run next for the writer, and the run would end."""
+    snapshot = app.get_state(config)
+    while snapshot.metadata.get("source") == "update" and snapshot.parent_config:
+        before = app.get_state(snapshot.parent_config)
+        if before.next != snapshot.next:
+            break
+        snapshot = before
     parent = app.get_state(snapshot.parent_config) if snapshot.parent_config else None
     writer = parent.tasks[0].name if parent is not None and len(parent.tasks) == 1 else None
-    app.update_state(config, RunState.model_validate(moved(state.model_dump())), as_node=writer)
-    return True
+    app.update_state(config, state, as_node=writer)
+
+
+def _book_lost_time(ctx: RunContext, app, config: dict[str, Any], state: RunState | None,
+                    run_dir: str | Path) -> RunState | None:
+    """Book the wall time of a node an earlier invocation never returned from (``node_clock``): to the initial
+    state of a run that starts (``state``), else to the last checkpoint. Every minute spent counts."""
+    lost = lost_time(run_dir)
+    if lost is None:
+        return state
+    node, seconds = lost
+    if state is not None:
+        return state.model_copy(update=state.spent_in(node, seconds))
+    saved = current_state(app, config)
+    _rewrite(app, config, saved.model_copy(update=saved.spent_in(node, seconds)))
+    ctx.event(saved.run_dir, "lost-time", node=node, seconds=seconds,
+              reason=f"{seconds:.0f} s spent in {node} before the run was stopped are counted")
+    return None
 
 
 def has_checkpoint(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:

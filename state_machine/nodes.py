@@ -92,7 +92,8 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
     quality = None
     if state.allow_model_changes:
         steps = plan.quality_steps or ctx.target.steps_for_quality(state.size)
-        _stage(state, ctx, f"quality: {steps} training steps, then {', '.join(m.name for m in ctx.target.quality_metrics)}")
+        metrics = ", ".join(m.name for m in ctx.target.quality_metrics)
+        _stage(state, ctx, f"quality: {steps} training steps, then {metrics}")
         result = _baseline_part(state, "quality", baseline_request(state, "quality", steps))
         if not result.ok:
             return {"stop_reason": f"error: the baseline failed its quality run ({result.failure_text()})"}

@@ -158,8 +158,48 @@ def _reap(children: dict[int, int]) -> None:
                 os.close(fd)
 
 
-def serve(sock: socket.socket) -> None:
-    """Import PRELOAD, then fork a child per request until the caller closes its end of ``sock``."""
+PR_SET_PDEATHSIG = 1
+_prctl: list[Any] = []  # libc's prctl, looked up once before any fork: a child of a threaded parent must not dlopen
+
+
+def _prctl_function() -> Any:
+    if not _prctl:
+        try:
+            _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):  # not Linux
+            _prctl.append(None)
+    return _prctl[0]
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``signum`` to this process when the thread that started it ends, and exit at once if
+    ``parent`` died before that was asked: a worker must not outlive a caller killed by SIGKILL (it kept a hung
+    worker and its server, 640 MB, running for minutes). A no-op where prctl is missing."""
+    prctl = _prctl_function()
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _kill_children(children: dict[int, int]) -> None:
+    """SIGKILL every child's session (each leads one: its loader's workers too), once the caller is gone."""
+    for pid in list(children):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 5.0
+    while children and time.monotonic() < deadline:
+        time.sleep(REAP_INTERVAL_S)
+        _reap(children)
+
+
+def serve(sock: socket.socket, caller: int | None = None) -> None:
+    """Import PRELOAD, then fork a child per request until the caller closes its end of ``sock``. Once the
+    ``caller`` process is gone (killed: it could not close anything), its children are killed and the server
+    ends; a server cannot die with its parent by prctl, which follows the thread that started it (a lane's)."""
     for name in PRELOAD:
         __import__(name)
     if _cuda_initialised():
@@ -168,9 +208,14 @@ def serve(sock: socket.socket) -> None:
     sock.sendall(b'{"ready": true}')
     base_path = [p for p in sys.path if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     children: dict[int, int] = {}
+    server = os.getpid()
+    _prctl_function()  # before the first fork (die_with_parent)
     while True:
         readable, _, _ = select.select([sock], [], [], REAP_INTERVAL_S)
         _reap(children)
+        if caller is not None and os.getppid() != caller:  # the caller died: nobody waits for these children
+            _kill_children(children)
+            return
         if not readable:
             continue
         message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)
@@ -178,6 +223,8 @@ def serve(sock: socket.socket) -> None:
             while children:
                 time.sleep(REAP_INTERVAL_S)
                 _reap(children)
+                if caller is not None and os.getppid() != caller:
+                    _kill_children(children)
             return
         # The pid goes back only once the child leads a session of its own, as subprocess.Popen's
         # start_new_session gives it: a caller that kills the pid's process group at once reaches it (a
@@ -186,6 +233,7 @@ def serve(sock: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:
             os.setsid()
+            die_with_parent(server)  # the server is single-threaded: this lasts as long as it does
             os.close(in_session)
             os.close(says_so)
             sock.close()
@@ -255,7 +303,8 @@ class _Server:
     def __init__(self, env: dict[str, str], key: tuple):
         self.key, self.lock = key, threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per request
-        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno()), str(os.getpid())],
+                                     pass_fds=[theirs.fileno()],
                                      env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
@@ -348,6 +397,17 @@ def _forked(cmd: list[str], module: str, args: Sequence[str], env: dict[str, str
     return ForkedProcess(cmd, *spawned, stdin=ends[0][1], stdout=ends[1][1])
 
 
+def _dies_with_us(signum: int) -> Any:
+    """A preexec_fn that ties a plain subprocess to this process (``die_with_parent``), or None off the main
+    thread: prctl follows the thread that forks, and a lane's thread ends before the process does. A launcher
+    (torchrun) gets SIGTERM, on which it stops its ranks."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+    _prctl_function()  # looked up here, in the parent
+    return lambda: die_with_parent(parent, signum)
+
+
 def start_python(module: str, args: Sequence[str], env: dict[str, str], cwd: str | None = None,
                  stdin: Any = subprocess.DEVNULL, stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
                  cpus: Sequence[int] | None = None, launcher: Sequence[str] = ()) -> ForkedProcess | subprocess.Popen:
@@ -365,7 +425,8 @@ def start_python(module: str, args: Sequence[str], env: dict[str, str], cwd: str
         os.sched_setaffinity(0, pinned)  # the calling thread, while it forks: the child starts pinned
     try:
         return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
-                                start_new_session=True, text=True, bufsize=1)
+                                start_new_session=True, text=True, bufsize=1,
+                                preexec_fn=_dies_with_us(signal.SIGTERM if launcher else signal.SIGKILL))
     finally:
         if saved is not None:
             os.sched_setaffinity(0, saved)
@@ -373,4 +434,4 @@ def start_python(module: str, args: Sequence[str], env: dict[str, str], cwd: str
 
 if __name__ == "__main__":
     sys.path.pop(0)  # this file's folder: the server imports nothing of the project
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)

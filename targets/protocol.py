@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 import torch
 
 from targets.digest import sequence_digest  # noqa: F401  (the digest a Session's param_digest returns)
+from targets.tuning import Headroom, QualityMetric, Rule  # noqa: F401  (what a target may add: Target.rules, ...)
 
 NumericsClass = Literal["exact", "reorder", "precision", "model"]
 Category = Literal["precision", "kernel", "embedding", "data", "host", "compile", "memory", "distributed", "model"]
@@ -35,6 +36,16 @@ class ConfigError(ValueError):
 def user_cache_dir() -> Path:
     """Where sg-opt keeps what it measured or built once and reuses (``$XDG_CACHE_HOME/sg-opt``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sg-opt"
+
+
+def _same_type(value: Any, choice: Any) -> bool:
+    """Whether ``value`` may stand for ``choice`` of a choice knob: a bool only for a bool, an int for an int or
+    a float, a float only for a float."""
+    if isinstance(value, bool) or isinstance(choice, bool):
+        return isinstance(value, bool) and isinstance(choice, bool)
+    if isinstance(choice, float):
+        return isinstance(value, (int, float))
+    return type(value) is type(choice) or not isinstance(value, (int, float))
 
 
 @dataclass(frozen=True)
@@ -108,9 +119,11 @@ class Knob:
                 raise ConfigError(f"knob {self.name} takes a number, not {value!r}")
             value = float(value)
         if self.choices:
-            if value not in self.choices:
+            # equal is not enough: true == 1 and 2.0 == 2, yet a worker would get a bool or a float
+            same = [choice for choice in self.choices if choice == value and _same_type(value, choice)]
+            if not same:
                 raise ConfigError(f"knob {self.name} must be one of {self.domain()}, not {value!r}")
-            return value
+            return same[0]
         if self.low is not None and value < self.low or self.high is not None and value > self.high:
             raise ConfigError(f"knob {self.name} must lie in {self.domain()}, not {value!r}")
         return value
@@ -321,6 +334,27 @@ class Target:
     # cannot run at that size on one process with the size's own data, e.g. over a memory budget), so that such a
     # candidate is rejected before a worker starts. None: the build finds out.
     check_config: Callable[[Mapping[str, Any], str], None] | None = None
+    # Tuning knowledge of the target's own (targets.tuning): rules over its knobs, tried with the core's generic
+    # ones (a target's rule wins over a generic one with the same patch); headroom(category, knobs) -> Headroom or
+    # None (None: the core's generic figure); target_findings: (phase, category) pairs found only where the
+    # target's headroom returns one for them under the incumbent's knobs.
+    rules: tuple[Rule, ...] = ()
+    headroom: Callable[[str, Mapping[str, Any]], Headroom | None] | None = None
+    target_findings: tuple[tuple[str, str], ...] = ()
+    # How a model change (numerics class model) is judged: held-out metrics that Session.quality() returns, each
+    # with its direction and band, after quality_steps training steps (an int, or size -> int).
+    quality_metrics: tuple[QualityMetric, ...] = ()
+    quality_steps: int | Callable[[str], int] = 200
+    # The fine profile's view of the kernel slots in a built session: slot -> shape dict, the dtype they run in,
+    # and slot -> the phase whose work each does. None: the fine profile skips this target.
+    slot_shapes: Callable[[Session], Mapping[str, Mapping[str, int]]] | None = None
+    slot_dtype: Callable[[Session], torch.dtype] | None = None
+    slot_phases: Mapping[str, str] = field(default_factory=dict)
+
+    def steps_for_quality(self, size: str) -> int:
+        """Training steps of a quality run at `size`: what the target asks for, at least one."""
+        steps = self.quality_steps(size) if callable(self.quality_steps) else self.quality_steps
+        return max(1, int(steps))
 
     def slot(self, name: str) -> KernelSlot:
         for slot in self.kernel_slots:
@@ -384,7 +418,7 @@ class PhaseTimer:
 class BuildClock:
     """Seconds each part of a session's build took, in order, on the host clock, the device synchronised at each
     mark so that a part's queued kernels count in it. A session keeps them as ``build_parts``; a timing worker
-    sends them with its start-up: at large-cached on an H200 (2026-12-04) a timing worker's build took 11-15 s,
+    sends them with its start-up: on an H200 (2026-12-04) a host-table config's timing worker's build took 11-15 s,
     before every measurement whose workers were not started ahead."""
 
     device: torch.device

@@ -42,9 +42,10 @@ traced to a stated number and its reason:
   averaging removes most of the noise). Measured on the reference trainer (tiny, 40 steps):
   bf16-autocast loss <= 8e-4, grad norms <= 1.2e-2, probe rel-L2 <= 3.7e-3; pure bf16 at size
   small diverges (loss +16%, probe correlation < 0) and fails, as it should.
-* ``model``: the knob changes the model, so trajectories are not compared; the quality metric
-  (``QUALITY_METRIC`` = P@1) of the candidate may fall at most ``QUALITY_MARGIN`` = 0.01 absolute
-  below the baseline's. A missing metric is a failure, never a pass.
+* ``model``: the knob changes the model, so trajectories are not compared; every quality metric the
+  target declares must stay within its band of the baseline's (``validators.quality``; without a
+  declaration, ``QUALITY_METRIC`` = P@1 may fall at most ``QUALITY_MARGIN`` = 0.01 absolute). A
+  missing metric is a failure, never a pass.
 
 Whatever the class, a NaN or infinity anywhere, or trajectories of different lengths, fail.
 """
@@ -60,6 +61,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from targets.protocol import NUMERICS_CLASSES
+from targets.tuning import QualityMetric
+from validators.quality import quality_sentences
 from targets.worker_protocol import NumericsData
 
 REORDER_RTOL = 1e-5
@@ -362,16 +365,13 @@ def _precision(base: NumericsData, cand: NumericsData) -> list[Measure]:
             _correlation(base, cand), *_param_norms(base, cand, lambda _: PRECISION_LOSS_RTOL)]
 
 
-def _quality(baseline: Mapping[str, float] | None, candidate: Mapping[str, float] | None, metric: str,
-             margin: float) -> list[Measure]:
-    for side, quality in (("baseline", baseline), ("candidate", candidate)):
-        if not quality or metric not in quality:
-            return [Measure("quality", math.inf, True, f"quality metric {metric} is missing from the {side}, "
-                                                       f"so the model change cannot be judged")]
-    drop = float(baseline[metric]) - float(candidate[metric])
-    return [Measure("quality", drop, drop > margin,
-                    f"quality {metric} is {candidate[metric]:.4f} against the baseline's {baseline[metric]:.4f}, "
-                    f"a drop of {drop:.4f} absolute, margin {margin:.4f}")]
+def _quality(baseline: Mapping[str, float] | None, candidate: Mapping[str, float] | None,
+             metrics: Sequence[QualityMetric]) -> list[Measure]:
+    """One measure over every declared metric (``validators.quality``): the worst, failed where any is out of band."""
+    judged = quality_sentences(metrics, baseline, candidate)
+    failed = [sentence for _, _, bad, sentence in judged if bad]
+    return [Measure("quality", max(worse for _, worse, _, _ in judged), bool(failed),
+                    "; ".join(failed or [sentence for _, _, _, sentence in judged]))]
 
 
 _CLASSES: dict[str, Callable[..., list[Measure]]] = {"exact": _exact, "reorder": _reorder, "precision": _precision}
@@ -380,9 +380,12 @@ _CLASSES: dict[str, Callable[..., list[Measure]]] = {"exact": _exact, "reorder":
 def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str, *,
             quality_baseline: Mapping[str, float] | None = None, quality_candidate: Mapping[str, float] | None = None,
             quality_metric: str = QUALITY_METRIC, quality_margin: float = QUALITY_MARGIN,
+            quality_metrics: Sequence[QualityMetric] | None = None,
             reorder: ReorderCalibration | None = None) -> NumericsVerdict:
     """Judge a candidate's numerics against the baseline's under a knob's numerics class; the reorder
-    bands follow the workload's ``reorder`` calibration (``calibrate_reorder``; None keeps the fixed bands)."""
+    bands follow the workload's ``reorder`` calibration (``calibrate_reorder``; None keeps the fixed bands). A model
+    change is judged by the target's declared ``quality_metrics``, else by ``quality_metric`` (higher is better)
+    within ``quality_margin``."""
     if numerics_class not in NUMERICS_CLASSES:
         raise ValueError(f"unknown numerics class {numerics_class!r}; one of {', '.join(NUMERICS_CLASSES)}")
     try:
@@ -393,7 +396,9 @@ def compare(baseline: NumericsData, candidate: NumericsData, numerics_class: str
         return NumericsVerdict(ok=False, numerics_class=numerics_class, failed_quantity=broken.quantity,
                                detail=broken.sentence)
     if numerics_class == "model":
-        measures = _quality(quality_baseline, quality_candidate, quality_metric, quality_margin)
+        declared = quality_metrics if quality_metrics is not None else (
+            QualityMetric(quality_metric, "higher", quality_margin),)
+        measures = _quality(quality_baseline, quality_candidate, declared)
     elif numerics_class == "reorder":
         measures = _reorder(baseline, candidate, reorder)
     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from examples.custom_target.model import SIZES, CtrSession, interaction
-from targets.protocol import FlopsBytes, KernelSlot, Knob, KnobSpace, Target
+from targets.protocol import FlopsBytes, KernelSlot, Knob, KnobSpace, QualityMetric, Target
 
 KNOBS = KnobSpace((
     Knob("batch_build", "choice", "loop", category="data", numerics="exact", choices=("loop", "vectorized"),
@@ -48,4 +48,4 @@ def _build(config, size, kernels, device, seed=0, data=None):
 
 target = Target(name="custom-ctr", description="a user's own DLRM-style click model (example)", knob_space=KNOBS,
                 sizes=tuple(SIZES), build=_build, kernel_slots=(INTERACTION,), phases=CtrSession.phase_names,
-                default_size="tiny")
+                default_size="tiny", quality_metrics=(QualityMetric("logloss", "lower", 0.01),), quality_steps=100)

@@ -8,14 +8,17 @@ from typing import Any, Callable, Mapping
 import torch
 
 from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
+from targets.haste_rec.headroom import haste_headroom
 from targets.haste_rec.host_threads import apply_host_threads
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import check_config, synthetic_data
+from targets.haste_rec.rules import RULES
 from targets.haste_rec.session import PHASES, HasteRecSession
 from targets.haste_rec.sizes import SIZES, HasteRecSize, get_size
+from targets.haste_rec.slot_shapes import SLOT_PHASES, slot_dtype, slot_shapes
 from targets.haste_rec.tail_slots import TAIL_SLOTS
 from targets.haste_rec.xc_format import XCDataset, XCFormatError, read_xc
-from targets.protocol import BuildClock, ConfigError, Target
+from targets.protocol import BuildClock, ConfigError, QualityMetric, Target
 
 
 def xc_data(path: str, preset: HasteRecSize, seed: int) -> tuple[XCDataset, HasteRecSize]:
@@ -74,4 +77,12 @@ TARGET = Target(
     phases=PHASES,
     default_size="small",
     data_formats=("xc",),
+    rules=RULES,
+    headroom=haste_headroom,
+    target_findings=(("tail", "fp32-products"),),
+    quality_metrics=(QualityMetric("P@1", "higher", 0.01),),
+    quality_steps=lambda size: get_size(size).quality_steps,
+    slot_shapes=slot_shapes,
+    slot_dtype=slot_dtype,
+    slot_phases=SLOT_PHASES,
 )

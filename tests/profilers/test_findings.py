@@ -2,10 +2,16 @@
 
 import pytest
 
-from profilers.findings import MIN_SHARE, amdahl, findings
+from profilers.findings import MIN_SHARE, amdahl, findings as generic_findings
 from profilers.records import Ceilings, CoarseProfile, FineProfile, PhaseTime, SlotTiming
+from targets.haste_rec.target import TARGET
 
 STEP_S = 0.010
+
+
+def findings(coarse, fine, counters, knobs):
+    """The bundled trainer's findings: its own headroom model and fp32-products finding."""
+    return generic_findings(coarse, fine, counters, knobs, TARGET)
 DENSE = {"embedding_grad_mode": "dense", "data_workers": 0, "prefetch_to_device": False,
          "optimizer_impl": "default", "embedding_placement": "device"}
 TUNED = {**DENSE, "embedding_grad_mode": "fused", "optimizer_impl": "fused"}

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from profilers.ceilings import get_ceilings
-from profilers.fine import (HASTE_REC_SLOT_PHASES, WARMUP_CALLS, haste_rec_slot_dtype, haste_rec_slot_shapes,
-                            place_on_roofline, profile_slots)
+from profilers.fine import WARMUP_CALLS, place_on_roofline, profile_slots
 from profilers.records import Ceilings, CoarseProfile, OpTime
 from targets.haste_rec.knobs import KNOB_SPACE
+from targets.haste_rec.slot_shapes import SLOT_PHASES as HASTE_REC_SLOT_PHASES
+from targets.haste_rec.slot_shapes import slot_dtype as haste_rec_slot_dtype
+from targets.haste_rec.slot_shapes import slot_shapes as haste_rec_slot_shapes
 from targets.haste_rec.sizes import SIZES
 from targets.haste_rec.target import TARGET, build
 

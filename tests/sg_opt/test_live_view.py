@@ -67,3 +67,14 @@ def test_a_terminal_gets_the_live_view():
             live.on_event(event)
     assert live.live is not None and " s] " not in out.getvalue()  # the live table, no log lines
     assert "#2 rejected at measure: no-difference" in out.getvalue()
+
+
+def test_the_baseline_says_what_it_is_doing():
+    live, out = view(terminal=False)
+    with live:
+        live.on_event({"event": "baseline-stage", "stage": "numerics fingerprint (20 steps)"})
+        live.on_event({"event": "baseline-stage", "stage": "A/A noise floor: 1 run(s) of 12 blocks per side",
+                       "cut": "A/A calibration cut to fit 35% of --max-minutes 10 in the baseline"})
+    text = out.getvalue()
+    assert "baseline: numerics fingerprint (20 steps)" in text
+    assert "(A/A calibration cut to fit 35% of --max-minutes 10 in the baseline)" in text

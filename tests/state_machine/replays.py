@@ -40,7 +40,7 @@ def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: di
         "device": "cuda", "size": size, "baseline_config": base, "history": history,
         "incumbent": state.incumbent.model_copy(update={"config": config, "from_candidate": incumbent,
                                                         "est_speedup": est}),
-        "findings": profile_findings(result.coarse, None, result.counters, resolved)})
+        "findings": profile_findings(result.coarse, None, result.counters, resolved, ctx.target)})
 
 
 S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s22/)

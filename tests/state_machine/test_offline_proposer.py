@@ -65,7 +65,7 @@ def test_a_fused_triton_tail_leaves_the_data_rules_first(state, ctx):
                      verdict=Verdict(accepted=False, stage="validate", reason="numerics"))  # as in that run; else first
     fused = state.model_copy(update={
         "device": "cuda", "history": [bf16], "incumbent": state.incumbent.model_copy(update={"config": config}),
-        "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config))})
+        "findings": profile_findings(profile, None, {}, ctx.target.knob_space.resolve(config), ctx.target)})
     proposals = propose_offline(fused, ctx, limit=6)
     proposers = [p.proposer for p in proposals]
     assert proposers[:4] == ["offline:tf32x3-tail", "offline:tf32-tail", "offline:tf32-matmuls",

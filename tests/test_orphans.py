@@ -1,0 +1,35 @@
+"""A command killed by SIGKILL takes its workers with it: it cannot unwind, so its fork server and the workers
+the server forked must notice on their own (PR_SET_PDEATHSIG, the server watching its parent)."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from targets.fork_server import SWITCH
+from targets.worker_client import kill_tree
+from tests.fixtures.fork_server_up import FAULTY
+from tests.fixtures.orphans import survivors
+from tests.test_cli import _processes_once_the_worker_waits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("server", ["1", "0"])  # a worker forked by the fork server, or a plain subprocess
+def test_bench_killed_with_a_hung_worker_leaves_no_process_behind(server):
+    proc = subprocess.Popen([sys.executable, "-m", "sg_opt.cli", "bench", "--target", FAULTY, "--size", "tiny",
+                             "--set", "behaviour=hang", "--timeout", "300"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, env={**os.environ, SWITCH: server})
+    try:
+        below = _processes_once_the_worker_waits(proc.pid)
+        assert len(below) >= (2 if server == "1" else 1), "the hung worker never started"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert survivors(below) == []
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+            proc.kill()
