@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast test-faults install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	-@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))) >/dev/null 2>&1 || true
 	$(PY) -m pytest
+
+# The suite without the minutes of real runs (fault injection): the edit-test loop.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+# The fault-injection trials at full strength: 20 seeded SIGKILLs each of optimize, bench and gate.
+test-faults: $(STAMP)
+	SG_OPT_FAULT_TRIALS=20 $(PY) -m pytest tests/sg_opt/test_fault_injection.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

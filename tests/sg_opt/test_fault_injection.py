@@ -26,7 +26,7 @@ from tests.fixtures.quick_measurement import quick_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261206
-TRIALS = int(os.environ.get("SG_OPT_FAULT_TRIALS", "20"))
+TRIALS = int(os.environ.get("SG_OPT_FAULT_TRIALS", "5"))  # `make test-faults`: the full 20 a command
 CLI = [sys.executable, "-m", "sg_opt.cli"]
 AGENT_TARGET = ROOT / "tests" / "fixtures" / "agent_target.py"
 

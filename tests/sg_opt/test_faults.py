@@ -9,7 +9,6 @@ import hashlib
 import inspect
 import json
 import multiprocessing
-import os
 import re
 import shutil
 import signal
@@ -120,7 +119,8 @@ def test_an_event_keeps_paths_relative_and_moves_a_trace_to_the_log(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     run_dir.mkdir(parents=True)
     trace = 'Traceback (most recent call last):\n  File "/x/y.py", line 3, in f\n    g()\nValueError: bad'
-    RunContext(target=None).event(str(run_dir), "incumbent-failed", reason=f"details in {run_dir}/candidates/001/ab.json",
+    RunContext(target=None).event(str(run_dir), "incumbent-failed",
+                                  reason=f"details in {run_dir}/candidates/001/ab.json",
                                   files=[str(run_dir / "report.md")], detail=trace)
     record = json.loads((run_dir / "events.jsonl").read_text())
     assert record["reason"] == "details in candidates/001/ab.json" and record["files"] == ["report.md"]

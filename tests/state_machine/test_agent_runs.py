@@ -116,6 +116,7 @@ def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_end_
 def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)  # --device cuda passes its own check on any machine
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text("precision = \n")
     cases = [
