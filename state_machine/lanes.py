@@ -10,14 +10,18 @@ validated at once but timed one at a time (``state_machine.batch``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
+from state_machine.parts import save_sequence, saved_sequence
 from state_machine.state import Lane, RunState
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import floor_from
-from validators.speedup import NoiseFloor, calibrate_noise_floor
+from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor
 
 CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 
@@ -68,9 +72,21 @@ def noise_floor(state: RunState, spec: WorkerRequest, blocks: int, block_steps: 
     time (under the lone floor); else they are timed at once too (under the concurrent floor)."""
     def on(lane: Lane | None, beside_others: bool = False) -> NoiseFloor:
         lane_spec = spec if lane is None else spec.model_copy(update={"gpus": lane.gpus, "cpus": lane.cpus})
+        seed = state.seed + (lane.index * 1000 if lane else 0)
+        # each finished A/A run is kept, so a baseline killed half-way through its calibration redoes only the rest
+        folder, name = Path(state.path("baseline")), f"aa-{lane.index if lane else 'one'}"
+        key = hashlib.sha256(json.dumps([lane_spec.model_dump(mode="json"), blocks, block_steps, seed,
+                                         state.plan.block_seconds]).encode()).hexdigest()
+        kept = [ABResult.model_validate(item) for item in saved_sequence(folder, name, key)]
+
+        def keep(run: ABResult) -> None:
+            if run.failure is None:
+                kept.append(run)
+                save_sequence(folder, name, key, [r.model_dump(mode="json") for r in kept])
+        done = list(kept)
         return calibrate_noise_floor(lane_spec, blocks, block_steps, timeout_s, repeats=state.plan.aa_repeats,
-                                     seed=state.seed + (lane.index * 1000 if lane else 0),
-                                     block_seconds=state.plan.block_seconds, spares=not beside_others)
+                                     seed=seed, block_seconds=state.plan.block_seconds, spares=not beside_others,
+                                     on_run=keep, done=done)
     if not concurrent(state):
         return on(None), {}
     lanes = lanes_of(state)

@@ -41,3 +41,22 @@ def saved_part(folder: Path, name: str, request: WorkerRequest,
         tmp.write_text(json.dumps({"request": digest, "result": result.model_dump(mode="json")}), encoding="utf-8")
         os.replace(tmp, path)
     return result
+
+
+def saved_sequence(folder: Path, name: str, key: str) -> list[dict]:
+    """The items an earlier attempt of the node saved under ``name`` for the same ``key``, in order (a calibration's
+    finished A/A runs); none when they were made for anything else."""
+    try:
+        saved = json.loads((folder / PARTS / f"{name}.json").read_text(encoding="utf-8"))
+        return list(saved["items"]) if saved.get("key") == key else []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def save_sequence(folder: Path, name: str, key: str, items: list[dict]) -> None:
+    """Keep ``items`` under ``name`` for ``key``, atomically: a kill leaves the old list or the new one."""
+    path = folder / PARTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "items": items}), encoding="utf-8")
+    os.replace(tmp, path)

@@ -466,19 +466,22 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
                           repeats: int = 2, *, resamples: int = RESAMPLES, seed: int = 0,
                           cpus: Sequence[int] | None = None, root: str | None = None,
                           block_seconds: float = 0.0, spares: bool = True,
-                          on_run: Callable[[ABResult], None] | None = None) -> NoiseFloor:
+                          on_run: Callable[[ABResult], None] | None = None,
+                          done: Sequence[ABResult] = ()) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
-    floor from the worst run; ``on_run`` sees each run as it ends (progress).
+    floor from the worst run; ``on_run`` sees each run as it ends (progress, or keeping it: a calibration killed
+    half-way is resumed with the runs it finished as ``done``, and runs only the rest).
 
     With ``spares``, where builds overlap (a GPU) and memory allows, the later runs' workers start with the first
     run's (``started_ahead.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (2026-12-04)
     each A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations). Calibrations that run
     beside each other (lanes of --gpus) pass False: a spare would build beside the other lanes' timed blocks."""
     labels, roots = ("A1", "A2"), (root, root)
-    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=repeats) if spares and repeats > 1 else None
-    runs = []
+    runs = list(done)[:repeats]
+    left = repeats - len(runs)
+    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=left) if spares and left > 1 else None
     try:
-        for r in range(repeats):
+        for r in range(len(runs), repeats):
             run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, *labels, floor=MIN_FLOOR,
                              resamples=resamples, seed=seed + r, cpus=cpus, roots=roots, block_seconds=block_seconds,
                              settled_below=MIN_FLOOR / 2)
