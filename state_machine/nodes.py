@@ -165,7 +165,7 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if ctx.policy.tier == "offline" and ctx.policy.search == "tpe" and state.profiles:
         # TPE reads no findings: past the baseline's profile (the report's first column), profiling each new
         # incumbent costs the oracle a fresh worker's build and steps for nothing it uses (25-53 s each at
-        # `large-cached`, session 28). Its noise floor is still calibrated again: that judges its candidates.
+        # `large-cached`, H200, 2026-12-04). Its noise floor is still calibrated again: that judges its candidates.
         ctx.event(state.run_dir, "diagnose-skipped", reason="the TPE search reads no findings")
         return updates
     spec = incumbent_request(state, "bench")
@@ -374,7 +374,7 @@ def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
 
 def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Baseline against the best, side by side, once more; then the report files, whose wall time includes that
-    measurement (the graph adds a node's time only once it returns: the reports of session 27's `large-cached`
+    measurement (the graph adds a node's time only once it returns: the reports of the 2026-12-03 x12.37 `large-cached`
     run said 17.1 minutes where the run took 18.5 with its final measurement's 85 s)."""
     start = time.monotonic()
     updates: dict[str, Any] = {}

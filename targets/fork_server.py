@@ -3,7 +3,7 @@
 Every measurement starts fresh worker processes (the two sides of an A/B run, numerics and profile
 runs), and each new interpreter spends seconds importing torch and, at its first optimizer,
 torch._dynamo: a timing worker of a tiny run on a 2-core VM got ready in 2.4 s started anew and in 0.2 s
-forked (BENCHMARKS.md, session 13); at size large on an H200 "start and imports" took 4.0 s of a timing
+forked (2026-11-30); at size large on an H200 "start and imports" took 4.0 s of a timing
 worker's 12.1 s start-up, before the server existed. The server imports those once, then forks one child
 per worker.
 
@@ -63,7 +63,7 @@ def _cuda_driver_path() -> str | None:
 def _cuda_initialised() -> bool:
     """Whether this process has called cuInit, after which a forked child cannot use CUDA.
 
-    Having the driver mapped is not that: torch's CUDA build maps it at import on the H200 host (session 14:
+    Having the driver mapped is not that: torch's CUDA build maps it at import on the H200 host (2026-11-30:
     the server refused every worker for it). Until cuInit has run, cuDeviceGetCount answers
     CUDA_ERROR_NOT_INITIALIZED and initialises nothing, so it is the question to ask; a driver that cannot be
     asked counts as initialised."""

@@ -251,7 +251,7 @@ def run_child(module: str, request: BaseModel, result_type: type[R], timeout_s: 
             except BaseException:
                 # The caller is stopping (Ctrl-C, SIGTERM). The worker runs in a session of its own and would run
                 # on, orphaned; and without this a stopped caller took the worker's stacks with it (an agent's
-                # slice ended by `timeout`, session 17). So: kill it, and say where it was.
+                # slice ended by `timeout`, 2026-12-01). So: kill it, and say where it was.
                 stacks = _kill_with_stacks(proc, stderr_file)
                 print(f"stopped while a {what} was running (pid {proc.pid}); where it was:\n{stacks or '(no stacks)'}",
                       file=sys.stderr, flush=True)

@@ -160,7 +160,7 @@ def test_the_wait_for_data_is_not_counted_as_launch_gaps():
 
 
 def test_the_launch_finding_names_the_hosts_largest_work_outside_data():
-    """large-cached after #7 (session 20): 12.8 ms of the host's 21.5 ms in embed; the finding says on what."""
+    """large-cached after #7 (H200, 2026-12-02): 12.8 ms of the host's 21.5 ms in embed; the finding says on what."""
     from profilers.records import HostWork
     profile = coarse({"embed": 0.5, "tail": 0.3}, idle=0.53, launches=342)
     profile.host_work = [HostWork(phase="data", op="aten::copy_", self_s=2e-3, calls=55),
@@ -172,7 +172,7 @@ def test_the_launch_finding_names_the_hosts_largest_work_outside_data():
 
 
 def test_a_phase_finding_says_how_much_of_its_time_the_device_works():
-    """Session 20's `embed` at large-cached: 12.07 ms on the host (waits included), 1.61 on the device; a faster
+    """The 2026-12-02 `embed` at large-cached: 12.07 ms on the host (waits included), 1.61 on the device; a faster
     kernel can shorten only that. A device-bound phase: all of it; off a GPU: unknown."""
     profile = coarse({"embed": 0.4, "tail": 0.3}, idle=0.3, launches=200)
     profile.phases["embed"] = PhaseTime(host_s=12.07e-3, device_s=1.61e-3, share=0.4)

@@ -231,7 +231,7 @@ def test_a_ranked_profile_says_whose_phases_these_are_and_each_ranks_collective_
 
 
 def test_the_host_lines_name_the_ops_the_host_worked_in():
-    """A host-bound cached step (large-cached after #7, session 20: 12.80 ms of host work in embed): the host
+    """A host-bound cached step (large-cached after #7, H200, 2026-12-02: 12.80 ms of host work in embed): the host
     line lists its largest host work by phase and op, and the host-bound note names the bound phase's."""
     from profilers.records import HostWork
     from sg_opt.report import host_line
@@ -248,7 +248,7 @@ def test_the_host_lines_name_the_ops_the_host_worked_in():
 
 
 def test_the_host_line_names_the_ops_the_host_waited_on():
-    """At `large` the backward phase waited 1.5 ms a step on the device (session 10); the report says who made it."""
+    """At `large` the backward phase waited 1.5 ms a step on the device (H200, 2026-11-30); the report says who made it."""
     from types import SimpleNamespace
 
     from profilers.records import HostWait
@@ -292,7 +292,7 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
 
 
 def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
-    """An A/A run of `large-cached`'s incumbent after #6 on an H200 (session 27) took 56 s, 14.6 s of it until its
+    """An A/A run of `large-cached`'s incumbent after #6 on an H200 (2026-12-03) took 56 s, 14.6 s of it until its
     workers were ready and about 25 s in its timed blocks: its blocks and its close are now recorded apart. The
     quoted final A/B is a copy: counted once."""
     from types import SimpleNamespace
@@ -315,7 +315,7 @@ def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
 
 
 def test_a_host_bound_gpu_step_is_said_to_be_held_back_by_its_host_work():
-    """The session-13 `large` run on an H200: after #10 the host worked 10.05 ms of a 10.83 ms profiled step,
+    """The 2026-11-30 x13.88 `large` run on an H200: after #10 the host worked 10.05 ms of a 10.83 ms profiled step,
     so the tail's distance from its floor is not what holds the step back. The final side-by-side step is set
     against the same floor."""
     s = Summary.model_validate_json((FIXTURES / "h200_large_s13_summary.json").read_text())
@@ -350,7 +350,7 @@ def test_the_report_counts_the_measurements_whose_workers_started_during_validat
 
 
 def test_a_distorted_profile_is_named_and_not_read_as_host_work():
-    """The session-22 `large-cached` run on an H200: its profile after #12 ran its steps at 65.67 ms under the
+    """The 2026-12-03 x7.29 `large-cached` run on an H200: its profile after #12 ran its steps at 65.67 ms under the
     profiler against 24.66 ms without it, and its data phase's CPU ops 10-40x slower than the profile before.
     The report says so under the floor table, and does not call the step host-bound on that profile's word."""
     s = Summary.model_validate_json((FIXTURES / "h200_large_cached_s22_summary.json").read_text())
@@ -365,7 +365,7 @@ def test_a_distorted_profile_is_named_and_not_read_as_host_work():
 
 
 def test_a_disturbed_profile_is_named_and_not_read_as_host_work(tmp_path):
-    """Session 23's `xl` run on an H200: its profile after #14 stepped at 31.54 ms even without the profiler where
+    """The 2026-12-03 `xl` run on an H200: its profile after #14 stepped at 31.54 ms even without the profiler where
     the run's measurements put the configuration at 17.62 ms (the final measurement: 17.99 ms), and the report
     called the step host-bound on its word. With that expectation recorded (as diagnose now records it), the
     report names the disturbance under the floor table and draws no host-bound verdict from it."""

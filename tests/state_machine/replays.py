@@ -43,7 +43,7 @@ def replayed(state: RunState, ctx: RunContext, profile: str, size: str, base: di
         "findings": profile_findings(result.coarse, None, result.counters, resolved, ctx.target)})
 
 
-S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s22/)
+S22_LARGE_CACHED_HISTORY = [  # the 2026-12-03 x7.29 `large-cached` run (docs/results/2026-12-03-h200-large-cached-s22/)
     (1, {"tail_backend": "triton-fused-loss"}, True, 0.611),
     (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.471),
     (3, {"embedding_cache_index": "device"}, True, 0.627), (4, {"tail_fp32_dot": "tf32x3"}, False, 0.995),
@@ -54,7 +54,7 @@ S22_LARGE_CACHED_HISTORY = [  # session 22's `large-cached` run (docs/results/20
     (12, {"pin_memory": True}, True, 0.894)]
 
 
-S27_LARGE_CACHED_HISTORY = [  # session 27's `large-cached` run (docs/results/2026-12-03-h200-large-cached-s27/)
+S27_LARGE_CACHED_HISTORY = [  # the 2026-12-03 x12.37 `large-cached` run (docs/results/2026-12-03-h200-large-cached-s27/)
     (1, {"tail_backend": "triton-fused-loss"}, True, 0.674),
     (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.398),
     (3, {"embedding_cache_index": "device"}, True, 0.605), (4, {"embedding_cache_overlap": True}, False, 0.930),
@@ -63,7 +63,7 @@ S27_LARGE_CACHED_HISTORY = [  # session 27's `large-cached` run (docs/results/20
     (9, {"pack_batches": True}, True, 0.896)]
 
 
-S24_LARGE_HISTORY = [  # session 24's `large` run (docs/results/2026-12-03-h200-large-s24/) to its last win
+S24_LARGE_HISTORY = [  # the 2026-12-03 x9.72 `large` run (docs/results/2026-12-03-h200-large-s24/) to its last win
     (1, {"embedding_grad_mode": "fused"}, True, 0.613), (2, {"tail_backend": "triton-fused-loss"}, True, 0.219),
     (3, {"tail_fp32_dot": "tf32x3"}, False, (1.037, 0.987, 1.077)),
     (4, {"tail_fp32_dot": "tf32"}, False, (1.027, 0.945, 1.059)),
