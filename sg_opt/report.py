@@ -131,8 +131,10 @@ def ratio_text(ratio: float | None, low: float | None, high: float | None) -> st
 def spend_line(s: Summary) -> str:
     spend = s.spend
     per_win = f", ${s.cost_per_win_usd:.4f} per accepted win" if s.cost_per_win_usd is not None else ""
+    repairs = (f", {spend.reply_repairs} reply and {spend.kernel_repairs} kernel repair turns"
+               if spend.reply_repairs or spend.kernel_repairs else "")
     return (f"LLM spend ${spend.cost_usd:.4f} in {spend.calls} calls ({spend.input_tokens} input, "
-            f"{spend.output_tokens} output tokens){per_win}")
+            f"{spend.output_tokens} output tokens){per_win}{repairs}")
 
 
 def machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:

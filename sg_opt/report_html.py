@@ -176,13 +176,14 @@ def _roofline(s: Summary) -> str:
 
 
 def _cost(s: Summary) -> str:
-    rows = [(tier, t.calls, t.failed_calls, t.input_tokens, t.cached_input_tokens, t.output_tokens,
-             t.reasoning_tokens, f"${t.cost_usd:.4f}") for tier, t in sorted(s.spend_by_tier.items())]
+    rows = [(tier, t.calls, t.failed_calls, t.reply_repairs + t.kernel_repairs, t.input_tokens,
+             t.cached_input_tokens, t.output_tokens, t.reasoning_tokens, f"${t.cost_usd:.4f}")
+            for tier, t in sorted(s.spend_by_tier.items())]
     return section("cost", "LLM cost", para(spend_line(s) + "."),
                    figure(plots.spend([(s.run_id, s)]), "Cumulative dollars after each LLM call, per tier "
                           "(from ledger.jsonl).", f"No LLM calls: tier {s.tier} spent $0."),
-                   table(["tier", "calls", "failed", "input tokens", "cached", "output", "reasoning", "$"], rows,
-                         numeric=range(1, 8)) if rows else "")
+                   table(["tier", "calls", "failed", "repairs", "input tokens", "cached", "output", "reasoning", "$"],
+                         rows, numeric=range(1, 9)) if rows else "")
 
 
 def _best(s: Summary, diffs: dict[str, str]) -> str:
