@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-RATIO = re.compile(r"ratio[^0-9]*([0-9.]+)")
 
 
 def optimize(out: Path, args: argparse.Namespace) -> subprocess.Popen:

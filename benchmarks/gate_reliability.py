@@ -74,7 +74,6 @@ def busy_loop() -> subprocess.Popen:
 def trial(tree: Path, ref: Path, gate_args: list[str], timeout_s: float) -> dict:
     """One gate run from inside ``tree``: its exit code, wall time and the figures of its summary JSON."""
     with tempfile.TemporaryDirectory() as tmp:
-        summary = Path(tmp) / "gate.json"
         env = {**os.environ, "PYTHONPATH": str(tree), "GITHUB_STEP_SUMMARY": str(Path(tmp) / "summary.md")}
         cmd = [sys.executable, "-m", "sg_opt.cli", "gate", "--size", "tiny", "--ref-tree", str(ref),
                "--json", *gate_args]
@@ -89,7 +88,6 @@ def trial(tree: Path, ref: Path, gate_args: list[str], timeout_s: float) -> dict
             data = json.loads(out[out.index("{"):]) if "{" in out else {}
         except ValueError:
             data = {}
-        summary.unlink(missing_ok=True)
     step = data.get("step_time") or {}
     record.update({k: step.get(k) for k in ("ratio", "ci_low", "ci_high", "floor", "passed")})
     record["message"] = (step.get("message") or "")[:300]
