@@ -20,8 +20,8 @@ import torch
 from examples.dlrm.job import target
 from profilers.coarse import profile_session
 from profilers.findings import findings
-from targets.worker import time_steps
-from targets.worker_protocol import NumericsData
+from targets.worker import run_numerics, time_steps
+from targets.worker_protocol import NumericsData, WorkerRequest
 from validators.numerics import compare
 
 CONFIGS = [
@@ -47,12 +47,7 @@ def declared(config: dict) -> str:
 
 def fingerprint(config: dict, size: str, device: str, steps: int) -> NumericsData:
     session = target.build(target.knob_space.resolve(config), size, {}, device, 0)
-    session.record_grad_norms = True
-    losses, norms = [], []
-    for _ in range(steps):
-        losses.append(float(session.step()))
-        norms.append(session.grad_norms())
-    return NumericsData(losses=losses, grad_norms=norms, probe=session.probe(), digest=session.param_digest())
+    return run_numerics(session, WorkerRequest(target=target.name, size=size, mode="numerics", steps=steps))
 
 
 def print_findings(size: str, device: str) -> None:

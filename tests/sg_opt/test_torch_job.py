@@ -14,7 +14,8 @@ from sg_opt import QualityMetric, TorchJob
 from targets.protocol import ConfigError, Session
 from targets.registry import resolve_target
 from validators.numerics import compare
-from targets.worker_protocol import NumericsData
+from targets.worker import run_numerics
+from targets.worker_protocol import NumericsData, WorkerRequest
 
 ROWS = (300, 120, 40)
 
@@ -52,12 +53,7 @@ TARGET = JOB.target()
 
 def numerics(config: dict, steps: int = 6, target=TARGET) -> NumericsData:
     session = target.build(target.knob_space.resolve(config), "default", {}, "cpu", 0)
-    session.record_grad_norms = True
-    losses, norms = [], []
-    for _ in range(steps):
-        losses.append(float(session.step()))
-        norms.append(session.grad_norms())
-    return NumericsData(losses=losses, grad_norms=norms, probe=session.probe(), digest=session.param_digest())
+    return run_numerics(session, WorkerRequest(target=target.name, size="default", mode="numerics", steps=steps))
 
 
 def test_the_public_api_and_the_target_it_makes():
