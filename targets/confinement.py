@@ -3,7 +3,7 @@
 Candidate kernels are code an LLM wrote, and they run in worker processes (``targets.worker``, the timing and
 kernel-check workers). Linux namespaces confine such a process without privileges: a new user namespace (which
 lets an unprivileged process make the others) owning a new mount namespace, where every mount except the
-worker's writable folders is remounted read-only, and a new network namespace, whose one interface is a
+worker's writable folders and /proc is remounted read-only, and a new network namespace, whose one interface is a
 loopback that is down. Reading files, using the CPU, memory and devices (device nodes stay openable on a
 read-only mount), and writing inside the writable folders (the compile caches among them) stay possible.
 
@@ -35,6 +35,10 @@ from pydantic import BaseModel, Field
 SWITCH = "SG_OPT_CONFINE"
 SHARED_MEMORY = "/dev/shm"  # torch's tensors between processes (DataLoader workers) and the loader's ring
 RANKS_KEEP_NETWORK = "ranks talk over loopback"
+# Mounts left as they are: the CUDA driver writes to /proc at cuInit (a read-only /proc fails it with
+# CUDA_ERROR_OPERATING_SYSTEM, measured on an H100), and a process in a user namespace of its own holds no
+# capability over the host's, so what it can write there is its own process's state.
+LEFT_AS_MOUNTED = ("/proc",)
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 1 << 14, 1 << 18
@@ -223,13 +227,13 @@ def _confine(writable: list[str], keep_network: str) -> Confinement:
                            why_not="; ".join(why_not), writable=folders)
     failed = []
     for point, options in mounts():
-        if _within(point, folders) or "ro" in options:
+        if _within(point, [*folders, *LEFT_AS_MOUNTED]) or "ro" in options:
             continue
         try:
             _mount(None, point, _read_only_flags(options))
         except OSError as exc:
             failed.append(f"{point} ({exc.strerror})")
-    stayed = [p for p, _ in mounts() if not _within(p, folders) and _is_read_only(p) is False]
+    stayed = [p for p, _ in mounts() if not _within(p, [*folders, *LEFT_AS_MOUNTED]) and _is_read_only(p) is False]
     if stayed:
         why_not.append(f"mounts stayed writable: {', '.join(stayed[:5])}" + (f" ({'; '.join(failed[:3])})"
                                                                           if failed else ""))

@@ -41,6 +41,12 @@ PROBE = textwrap.dedent("""
                 os.unlink(path)
         except OSError as exc:
             seen[name] = exc.errno
+    try:  # /proc stays as mounted: the CUDA driver writes there at its start
+        with open("/proc/self/comm", "w") as f:
+            f.write("confined-probe")
+        seen["proc"] = "written"
+    except OSError as exc:
+        seen["proc"] = exc.errno
     listener = socket.socket()
     try:
         listener.bind(("127.0.0.1", 0))
@@ -82,6 +88,7 @@ def test_outside_the_writable_folder_the_file_system_is_read_only_and_there_is_n
     assert confinable["inside"] == "written"
     assert confinable["outside"] == 30 and confinable["project"] == 30  # EROFS: /tmp elsewhere, the project
     assert confinable["loopback"] == 101  # ENETUNREACH: not even loopback
+    assert confinable["proc"] == "written"  # a read-only /proc fails cuInit (CUDA_ERROR_OPERATING_SYSTEM)
 
 
 def test_switched_off_nothing_is_confined(tmp_path):
