@@ -12,7 +12,7 @@ import torch
 from targets.protocol import Target
 from targets.worker_protocol import WorkerRequest
 from tests.fixtures.faulty_target import target as faulty
-from validators.ab_runner import CLOCK_OVER, CLOCK_UNDER, clock_disagreement
+from validators.ab_runner import CLOCK_OVER, CLOCK_UNDER, clock_disagreement, events_disagreement
 from validators.machine_load import LoadPolicy
 from validators.speedup import measure_ab
 
@@ -58,23 +58,34 @@ def test_a_sum_of_step_times_must_fit_the_parents_window():
     assert clock_disagreement(0.100 * (1 + CLOCK_OVER[0]) + CLOCK_OVER[1] * 0.9, 0.100) is None
     over = clock_disagreement(0.150, 0.100)
     assert "150.0 ms" in over and "100.0 ms" in over and "more time than passed" in over
+    assert "more than its own window" in events_disagreement([0.06, 0.06], 0.100)
+    assert events_disagreement([0.001, 0.001], 0.100) is None  # events may fall short of the window
     under = clock_disagreement(0.010, 0.100)
     assert "10.0 ms" in under and "100.0 ms" in under and "runs slow" in under
     assert clock_disagreement(0.100 * (1 - CLOCK_UNDER[0]) - CLOCK_UNDER[1] * 0.9, 0.100) is None
 
 
-@pytest.mark.parametrize("clock, honest", [("SLOW_CLOCK", HONEST), ("FAST_CLOCK", HONEST),
-                                           pytest.param("SLOW_EVENTS", HONEST_GPU, marks=needs_cuda)])
-def test_a_candidate_that_tampers_with_the_workers_clock_fails_as_clock(clock, honest):
-    """A perf_counter slowed tenfold made the worker's own times say 10x faster; the parent's clock says otherwise.
-    On a GPU the worker's times are CUDA events', tampered with as easily."""
-    tampered = honest.model_copy(update={"target": f"tests.validators.test_parent_clock:{clock}"})
-    result = measure_ab(honest, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.1,
+@pytest.mark.parametrize("clock", ["SLOW_CLOCK", "FAST_CLOCK"])
+def test_a_candidate_that_tampers_with_the_workers_clock_fails_as_clock(clock):
+    """A perf_counter slowed tenfold made the worker's own times say 10x faster; the parent's clock says otherwise."""
+    tampered = HONEST.model_copy(update={"target": f"tests.validators.test_parent_clock:{clock}"})
+    result = measure_ab(HONEST, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.3,
                         floor=0.01, load_policy=NO_WAIT)
     assert result.verdict == "failed" and result.verdict != "faster"
     assert result.failure.kind == "clock" and result.failed_side == "candidate"
-    assert result.failure.message.startswith("candidate: the worker's step times sum to ")
+    assert result.failure.message.startswith("candidate: the worker timed its steps at ")
     assert ("more time than passed" if clock == "FAST_CLOCK" else "runs slow") in result.failure.message
+
+
+@needs_cuda
+def test_a_candidate_that_slows_cuda_events_gains_nothing():
+    """On a GPU a worker's per-step times are CUDA events', which a candidate can scale as easily; they may fall
+    short of the worker's window (work on another stream), so only the window is checked, and the verdict is the
+    parent's clock: the tampered side is not found faster."""
+    tampered = HONEST_GPU.model_copy(update={"target": "tests.validators.test_parent_clock:SLOW_EVENTS"})
+    result = measure_ab(HONEST_GPU, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.1,
+                        floor=0.01, load_policy=NO_WAIT)
+    assert result.verdict != "faster" and result.failed_side != "incumbent"
 
 
 @pytest.mark.parametrize("honest", [HONEST, pytest.param(HONEST_GPU, marks=needs_cuda)])
