@@ -127,20 +127,22 @@ def main() -> int:
     trees = prepare(work, args.slowdown)
     done = collections.Counter(json.loads(line)["condition"] for line in out.read_text().splitlines()) \
         if out.exists() else collections.Counter()
-    for condition in args.conditions.split(","):
+    conditions = args.conditions.split(",")
+    # round robin: a campaign cut short still has every condition at about the same count
+    for i, condition in sorted(((i, c) for c in conditions for i in range(done[c], args.trials)),
+                               key=lambda pair: pair[0]):
         planted, load = condition.split("-")
-        for i in range(done[condition], args.trials):
-            loop = busy_loop() if load == "busy" else None
-            try:
-                record = trial(trees[planted], trees["ref"], gate_args, args.timeout)
-            finally:
-                if loop is not None:
-                    loop.kill()
-                    loop.wait()
-            record.update(condition=condition, trial=i, date=time.strftime("%Y-%m-%d"))
-            with out.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(condition, i, record, flush=True)
+        loop = busy_loop() if load == "busy" else None
+        try:
+            record = trial(trees[planted], trees["ref"], gate_args, args.timeout)
+        finally:
+            if loop is not None:
+                loop.kill()
+                loop.wait()
+        record.update(condition=condition, trial=i, date=time.strftime("%Y-%m-%d"))
+        with out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(condition, i, record, flush=True)
     summarise(out)
     return 0
 
