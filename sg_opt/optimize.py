@@ -222,7 +222,7 @@ def final_table(summary: Summary) -> Table:
 def result_sentence(summary: Summary) -> str:
     f = summary.final
     if f is not None and f.speedup is not None and not f.clean:
-        return (f"could not measure cleanly: the final side-by-side measurement ran beside other load ({f.load}); "
+        return (f"could not measure cleanly: the final side-by-side measurement was not clean ({f.load}); "
                 f"{summary.accepted} change(s) kept, stopped by {summary.stop_reason}")
     if f is not None and f.speedup is not None:
         return (f"best: x{f.speedup:.2f} faster than the baseline (step ratio {f.ratio:.3f}, 95% interval "

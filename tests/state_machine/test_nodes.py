@@ -160,6 +160,7 @@ def test_a_disturbed_final_measurement_is_repeated_and_the_steadier_one_quoted(s
     final = nodes.report(run, ctx)["final"]
     assert final.ratio == 0.252
     assert set(blocks) == {20}  # as many blocks as the fresh `bench --vs` re-measurement, not a candidate's 6
+    assert final.clean  # a steady run among them: its figure stands
     if disturbed_first:
         assert not queue and "disturbed (block spread 185%" in final.note and "the repeat, is quoted" in final.note
         assert (state.run_dir and open(f"{state.run_dir}/final_ab_disturbed.json").read().count('"ratio": 0.201'))
@@ -183,6 +184,8 @@ def test_a_disturbed_final_measurement_whose_repeat_is_worse_keeps_both(state, c
     final = nodes.report(run, ctx)["final"]
     assert final.ratio == 0.0941 and "the first, is quoted" in final.note
     assert open(f"{state.run_dir}/final_ab_repeat.json").read().count('"ratio": 0.092')
+    # both runs disturbed: the figure is kept on disk but is not one to quote
+    assert not final.clean and "stayed disturbed when measured again (block spreads 70%, 90%)" in final.load
 
 
 def test_the_reports_wall_time_includes_the_final_measurement(state, ctx, monkeypatch):
