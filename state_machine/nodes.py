@@ -396,14 +396,14 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         if len(runs) > 1:
             for run, name in zip(runs, ("final_ab_disturbed.json", "final_ab_repeat.json")):
                 write_json(state.path(name), run)
+            note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
+        path = write_json(state.path("final_ab.json"), result)
         unsteady = stayed_disturbed(runs)  # every run disturbed: no figure to quote, as with outside load
         clean = result.clean and unsteady is None
         why = "; ".join(part for part in (None if result.clean else result.load_note(), unsteady) if part)
-            note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
-        path = write_json(state.path("final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note,
-                                            clean=result.clean, load=None if result.clean else result.load_note())
+                                            clean=clean, load=None if clean else why or None)
     finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})
     if ctx.write_report is not None:
         updates["report_files"] = ctx.write_report(finished)
