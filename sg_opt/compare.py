@@ -13,15 +13,18 @@ from rich.console import Console
 from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
+from validators.confirmation import PROCESS_PAIRS, across_process_pairs
 from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
 from validators.steadiness import block_spread, stayed_disturbed, steadier_of_two
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
             floor: float | None, block_seconds: float = 0.0,
-            progress: Callable[[str], None] = lambda line: None) -> tuple[ABResult, NoiseFloor | float]:
+            progress: Callable[[str], None] = lambda line: None,
+            pairs: int = PROCESS_PAIRS) -> tuple[ABResult, NoiseFloor | float]:
     """A/A-calibrate the incumbent (when no floor is given), then measure candidate against it, in blocks of
-    at least ``block_steps`` steps and ``block_seconds``; a disturbed measurement is repeated once and the
+    at least ``block_steps`` steps and ``block_seconds``, spread over ``pairs`` fresh worker pairs and pooled
+    (``validators.confirmation.across_process_pairs``); a disturbed measurement is repeated once and the
     steadier run quoted, as the agent's final measurement is (its ``note`` says so). ``progress`` gets a
     line as each measurement ends, so a run stopped from outside still shows how far it got."""
     aa_run = itertools.count(1)
@@ -29,9 +32,10 @@ def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, blo
         incumbent, blocks, block_steps, timeout_s, block_seconds=block_seconds,
         on_run=lambda run: progress(f"A/A run {next(aa_run)} of the incumbent: {measured(run)}"))
 
-    def timed(repeat: int) -> ABResult:
-        result = measure_ab(incumbent, candidate, blocks, block_steps, timeout_s, floor=noise, seed=repeat,
-                            block_seconds=block_seconds)
+    def timed(repeat: int) -> ABResult:  # its blocks spread over fresh worker pairs, pooled, as the agent's final
+        result = across_process_pairs(lambda seed, n: measure_ab(
+            incumbent, candidate, n, block_steps, timeout_s, floor=noise, seed=seed, block_seconds=block_seconds),
+            blocks, pairs, seed=100 * repeat)
         progress(f"{'repeated ' if repeat else ''}candidate against incumbent: {measured(result)}")
         return result
 

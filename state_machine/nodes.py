@@ -38,7 +38,7 @@ from validators.started_ahead import discard, prestart_key
 from validators.timing_worker import note_footprint
 from validators.numerics import calibrate_reorder
 from validators.source import check_source
-from validators.confirmation import confirm_win
+from validators.confirmation import across_process_pairs, confirm_win
 from validators.speedup import ABResult, CalibrationFailed, measure_ab
 from validators.steadiness import stayed_disturbed, steadier_of_two
 
@@ -381,10 +381,11 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
     if state.accepted and state.baseline is not None and state.final is None:
         plan, floor = state.plan, state.baseline.noise_floor
 
-        def final_ab(repeat: int) -> ABResult:
-            return measure_ab(baseline_request(state, "bench"), incumbent_request(state, "bench"),
-                              max(plan.blocks, plan.final_blocks), plan.block_steps, plan.timeout_s, "baseline",
-                              "best", floor=floor, seed=state.seed + 7 + repeat, block_seconds=plan.block_seconds)
+        def final_ab(repeat: int) -> ABResult:  # its blocks spread over fresh worker pairs, pooled
+            return across_process_pairs(lambda seed, blocks: measure_ab(
+                baseline_request(state, "bench"), incumbent_request(state, "bench"), blocks, plan.block_steps,
+                plan.timeout_s, "baseline", "best", floor=floor, seed=seed, block_seconds=plan.block_seconds),
+                max(plan.blocks, plan.final_blocks), plan.final_pairs, seed=state.seed + 7 + 100 * repeat)
         result, runs = steadier_of_two(final_ab)  # stalled blocks: measured once more, the steadier quoted
         if result.failure is not None:  # a worker that timed out or crashed drops no accepted change: again
             ctx.event(state.run_dir, "final-retry", kind=result.failure.kind, reason=result.failure.message)

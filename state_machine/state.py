@@ -66,6 +66,9 @@ class EvalPlan(BaseModel):
                                               "so that the quoted figure and its re-measurement are measured alike "
                                               "(20: at `large`, 10 blocks left intervals of -1%/+26% around the "
                                               "figure, and two runs of it 6% apart)")
+    final_pairs: int = Field(3, description="fresh worker pairs the final measurement's blocks are spread over "
+                                            "and pooled (validators.confirmation.PROCESS_PAIRS: identical workers "
+                                            "differ by offsets of their own)")
     block_steps: int | None = Field(None, description="steps per block (None: enough for BLOCK_SECONDS, from "
                                                       "a short timing of the baseline)")
     block_seconds: float = Field(0.3, description="the least a timed block lasts; sizes block_steps on the baseline "

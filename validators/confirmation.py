@@ -5,7 +5,7 @@ when it leans" and "Confirmation")."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -16,6 +16,11 @@ from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides
 from validators.steadiness import drift
 
 EXTENSION_SEED = 1000  # the bootstrap seed offset of an extension's own interval
+# Fresh worker pairs a quoted figure pools. Two identical workers differ by an offset of their own that one pair's
+# interval does not hold: A/A runs at `tiny` on the 2-core VM (2026-12-06) gave ratios 0.90-1.09 from forked workers
+# and 1.08 and 1.15 from fresh interpreters, several of their intervals excluding 1; two concurrent `optimize` runs
+# there quoted 0.183 and 0.185 where their quiet re-measurements said 0.165 and 0.161.
+PROCESS_PAIRS = 3
 
 
 class Confirmation(BaseModel):
@@ -57,6 +62,21 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
         blocks_s=sum(r.blocks_s for r in results), close_s=sum(r.close_s for r in results),
         pools=sum(r.pools for r in results), resamples=resamples, waited_s=sum(r.waited_s for r in results),
         load=pooled_load([r.load for r in results])))
+
+
+def across_process_pairs(measure: Callable[[int, int], ABResult], blocks: int, pairs: int = PROCESS_PAIRS,
+                         seed: int = 0) -> ABResult:
+    """``blocks`` blocks per side spread over ``pairs`` fresh pairs of workers (``measure(seed, blocks)`` makes one
+    pair's measurement), pooled (``pooled``): a figure quoted once and measured again later averages several pairs'
+    own offsets instead of resting on one. A failed measurement is returned as it is."""
+    each = max(2, 2 * math.ceil(blocks / max(1, pairs) / 2))  # even: blocks alternate in pairs
+    results = []
+    for i in range(max(1, pairs)):
+        result = measure(seed + i, each)
+        if result.failure is not None:
+            return result
+        results.append(result)
+    return pooled(results, seed=seed) if len(results) > 1 else results[0]
 
 
 def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,

@@ -19,7 +19,7 @@ def test_bench_vs_repeats_a_disturbed_measurement_and_quotes_the_steadier_run(mo
                                 ([steady], steady, None), ([stalled, stalled], stalled, "the first, is quoted")):
         queue = list(runs)
         monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
-        result, _ = compare.compare(INCUMBENT, CANDIDATE, 4, 3, 60, floor=0.01)
+        result, _ = compare.compare(INCUMBENT, CANDIDATE, 4, 3, 60, floor=0.01, pairs=1)
         assert not queue and result.ratio == quoted.ratio
         assert (result.note is None) if words is None else (words in result.note and "disturbed" in result.note)
 
@@ -62,7 +62,7 @@ def test_bench_vs_says_when_the_quoted_run_drifted(monkeypatch):
     filling = timed(INCUMBENT, CANDIDATE, LARGE_CACHED_BASELINE, LARGE_CACHED_FILLING)
     queue = [filling, filling]
     monkeypatch.setattr(compare, "measure_ab", lambda *args, **kwargs: queue.pop(0))
-    result, _ = compare.compare(INCUMBENT, CANDIDATE, 20, 3, 60, floor=0.038)
+    result, _ = compare.compare(INCUMBENT, CANDIDATE, 20, 3, 60, floor=0.038, pairs=1)
     assert not queue and "the first, is quoted; in it, " in result.note and "slowed as it ran" in result.note
 
 
@@ -124,3 +124,25 @@ def test_a_figure_whose_every_run_was_disturbed_is_no_result():
     assert said is not None and "stayed disturbed" in said and "70%" in said
     assert stayed_disturbed([stalled, steady]) is None and stayed_disturbed([stalled]) is None
     assert stayed_disturbed([steady]) is None
+
+
+def test_a_quoted_figure_pools_fresh_pairs_of_workers_and_stops_at_a_failure():
+    from validators.confirmation import across_process_pairs
+    from validators.speedup import Failure
+    made = []
+
+    def measure(seed, blocks):
+        offset = 1 + 0.05 * len(made)  # each pair of workers with an offset of its own
+        made.append(timed(INCUMBENT, CANDIDATE, [100.0] * blocks, [50.0 * offset] * blocks, seed=seed))
+        return made[-1]
+    result = across_process_pairs(measure, 20, 3, seed=7)
+    assert [r.blocks for r in made] == [8, 8, 8] and result.blocks == 24
+    assert result.ratio == pytest.approx(0.525) and result.ci_low <= 0.525 <= result.ci_high
+    made.clear()
+    assert across_process_pairs(measure, 20, 1).blocks == 20 and len(made) == 1
+
+    def failing(seed, blocks):
+        run = measure(seed, blocks)
+        return run.model_copy(update={"failure": Failure(kind="crash", message="died")}) if len(made) == 2 else run
+    made.clear()
+    assert across_process_pairs(failing, 6, 3).failure.kind == "crash" and len(made) == 2
