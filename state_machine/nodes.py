@@ -40,7 +40,7 @@ from validators.numerics import calibrate_reorder
 from validators.source import check_source
 from validators.confirmation import across_process_pairs, confirm_win
 from validators.speedup import ABResult, CalibrationFailed, measure_ab
-from validators.steadiness import stayed_disturbed, steadier_of_two
+from validators.steadiness import steadier_of_two
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 3, 100
@@ -399,12 +399,9 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
                 write_json(state.path(name), run)
             note += " (final_ab_disturbed.json and final_ab_repeat.json keep both)"
         path = write_json(state.path("final_ab.json"), result)
-        unsteady = stayed_disturbed(runs)  # every run disturbed: no figure to quote, as with outside load
-        clean = result.clean and unsteady is None
-        why = "; ".join(part for part in (None if result.clean else result.load_note(), unsteady) if part)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note,
-                                            clean=clean, load=None if clean else why or None)
+                                            clean=result.clean, load=None if result.clean else result.load_note())
     finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})
     if ctx.write_report is not None:
         updates["report_files"] = ctx.write_report(finished)

@@ -206,10 +206,8 @@ class FinalMeasurement(BaseModel):
     file: str
     note: str | None = Field(None, description="set when the first final measurement was disturbed and repeated")
     clean: bool = Field(True, description="False: measured beside outside load or without the machine's lock "
-                                          "(validators.speedup.ABResult.clean), or every run of it was disturbed "
-                                          "(validators.steadiness.stayed_disturbed): not a figure to quote")
-    load: str | None = Field(None, description="why it is not clean: the machine's other work beside it, or "
-                                               "blocks that stayed disturbed")
+                                          "(validators.speedup.ABResult.clean): not a figure to quote")
+    load: str | None = Field(None, description="why it is not clean: the machine's other work beside it")
 
 
 class RunState(BaseModel):

@@ -82,13 +82,3 @@ def steadier_of_two(measure: Callable[[int], ABResult]) -> tuple[ABResult, list[
                                              f"{'the first' if quoted is first else 'the repeat'}, is quoted"
                                              + (f"; in it, {trend}" if trend else "")}), [first, repeat]
 
-
-def stayed_disturbed(runs: Sequence[ABResult]) -> str | None:
-    """Why the quoted figure of ``steadier_of_two``'s runs is no result to stand on, or None: every run it made
-    was ``disturbed``, so even the steadier one mixes stalled blocks with steady ones. Two `optimize` runs sharing
-    the 2-core VM (2026-12-06) quoted 0.164 (0.154-0.180) from two such runs (block spreads 75% and 73%, noise
-    floor 0.132) where a quiet ``bench --vs`` measured 0.194 (0.186-0.217)."""
-    if len(runs) < 2 or any(run.failure is not None or not disturbed(run, run.floor) for run in runs):
-        return None
-    spreads = ", ".join(f"{block_spread(run):.0%}" for run in runs)
-    return f"its blocks stayed disturbed when measured again (block spreads {spreads})"

@@ -115,17 +115,6 @@ def test_a_measurement_that_was_not_clean_is_repeated_and_the_clean_run_quoted()
     assert not quoted.clean and "the steadier run, the first, is quoted" in quoted.note
 
 
-def test_a_figure_whose_every_run_was_disturbed_is_no_result():
-    """Two runs sharing a 2-core machine quoted 0.164 from two disturbed runs; alone, the machine measured 0.194."""
-    from validators.steadiness import stayed_disturbed
-    stalled = timed(INCUMBENT, CANDIDATE, [110.3, 110.5, 110.4, 109.1], [10.2, 16.0, 9.4, 15.6])
-    steady = timed(INCUMBENT, CANDIDATE, [110.1, 110.2, 110.0, 109.9], [10.1, 10.3, 10.2, 10.4])
-    said = stayed_disturbed([stalled, stalled])
-    assert said is not None and "stayed disturbed" in said and "70%" in said
-    assert stayed_disturbed([stalled, steady]) is None and stayed_disturbed([stalled]) is None
-    assert stayed_disturbed([steady]) is None
-
-
 def test_a_quoted_figure_pools_fresh_pairs_of_workers_and_stops_at_a_failure():
     from validators.confirmation import across_process_pairs
     from validators.speedup import Failure
