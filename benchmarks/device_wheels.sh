@@ -2,9 +2,7 @@
 # The project's Python dependencies as wheels for an offline GPU machine (Python 3.12, x86-64), into .whl/
 # (gitignored). The H200 machines' image has torch, triton, numpy, rich and typer, but not pydantic, langgraph,
 # openai or optuna. Run it where pip can download, once per checkout; copy .whl/ to the GPU machine with the
-# tree, and start each run there with
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-#   export PYTHONPATH=/tmp/site:$PWD
+# tree, and start each call there with `source benchmarks/device_env.sh` (then `bash benchmarks/gpu.sh PART`).
 # numpy is left out: the image's torch is built against its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
