@@ -25,22 +25,11 @@ from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run,
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
 from sg_opt.tiers import load_tiers
 from state_machine import graph
-from state_machine.context import SEARCHES, ProposerPolicy, RunContext
-from state_machine.proposers.tpe import require_optuna
+from state_machine.context import ProposerPolicy, RunContext
+from state_machine.proposers.registry import check_proposer
 from state_machine.state import EvalPlan, Limits, RunState
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
-
-
-def check_search(search: str, tier: str) -> None:
-    """ConfigError unless the proposer asked for exists for the tier and can be imported."""
-    if search not in SEARCHES:
-        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
-    if search == "tpe":
-        if tier != "offline":
-            raise ConfigError(f"--search tpe replaces the offline tier's rule catalog; it cannot run with "
-                              f"--tier {tier}")
-        require_optuna()
 
 
 def check_gpus(gpus: int, ranks: int, device: str) -> None:
@@ -69,7 +58,7 @@ def build_context(request: RunRequest, run_dir: Path,
     target.knob_space.check_ranks(target.knob_space.resolve(request.config), request.ranks)
     tiers = load_tiers(request.tiers_file)
     tier = tiers.tier(request.tier)
-    check_search(request.search, tier.name)
+    check_proposer(request.search, tier.name)  # the search exists, runs on this tier, and what it needs imports
     budget = tier.budget_usd if request.budget_usd is None else request.budget_usd
     base_url = resolve_base_url(request.base_url, base_url_given)
     llm = make_client(tier, base_url, request.model, request.llm_timeout_s)

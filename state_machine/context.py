@@ -16,15 +16,13 @@ from state_machine.llm_interfaces import LLM, Ledger
 from state_machine.portable import portable
 from targets.protocol import Target
 
-SEARCHES = ("rules", "tpe")  # the offline tier's proposers: the rule catalog, or Optuna's TPE (the oracle)
-
 
 @dataclass(frozen=True)
 class ProposerPolicy:
     """The tier's rules for proposing: how many candidates, which kinds, which model settings."""
 
     tier: str = "offline"
-    search: str = "rules"  # offline tier: "rules" or "tpe" (SEARCHES)
+    search: str = "rules"  # the offline tier's proposer, by name: proposers.registry.searches()
     candidates_per_iteration: int = 1
     kinds: tuple[str, ...] = ("knob",)
     reasoning_effort: str | None = None

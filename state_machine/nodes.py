@@ -22,9 +22,7 @@ from state_machine.lanes import batch_size, concurrent, noise_floor
 from state_machine.parts import saved_part
 from state_machine.llm_interfaces import BudgetExceeded, DeadlineReached, LLMError
 from state_machine.proposers import Proposal
-from state_machine.proposers.llm import propose_llm
-from state_machine.proposers.offline import propose_offline
-from state_machine.proposers.tpe import propose_tpe
+from state_machine.proposers.registry import proposer_for
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
                                  config_digest, incumbent_request, numerics_class, write_json)
 from state_machine.steady_profile import expected_step_ms, steadiest_profile
@@ -162,11 +160,12 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Profile the incumbent (after calibrating the noise floor again on it, when it has become much faster:
     ``_recalibrated``); its ranked findings are what the proposers attack next."""
     updates = _recalibrated(state, ctx)
-    if ctx.policy.tier == "offline" and ctx.policy.search == "tpe" and state.profiles:
-        # TPE reads no findings: past the baseline's profile (the report's first column), profiling each new
-        # incumbent costs the oracle a fresh worker's build and steps for nothing it uses (25-53 s each at
-        # `large-cached`, H200, 2026-12-04). Its noise floor is still calibrated again: that judges its candidates.
-        ctx.event(state.run_dir, "diagnose-skipped", reason="the TPE search reads no findings")
+    proposer = proposer_for(ctx.policy)
+    if not proposer.reads_findings and state.profiles:
+        # e.g. TPE: past the baseline's profile (the report's first column), profiling each new incumbent costs the
+        # oracle a fresh worker's build and steps for nothing it uses (25-53 s each at `large-cached`, H200,
+        # 2026-12-04). Its noise floor is still calibrated again: that judges its candidates.
+        ctx.event(state.run_dir, "diagnose-skipped", reason=f"the {proposer.name} search reads no findings")
         return updates
     spec = incumbent_request(state, "bench")
     req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
@@ -208,11 +207,10 @@ def _to_candidate(state: RunState, proposal: Proposal, cid: int) -> Candidate:
 
 
 def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, Any]]:
-    """Proposals from the tier's proposer, or the updates that stop the run when none can come."""
-    if ctx.policy.tier == "offline":  # as many as can be evaluated at once (one per lane of --gpus)
-        return (propose_tpe if ctx.policy.search == "tpe" else propose_offline)(state, ctx, batch_size(state)), {}
+    """Proposals from the run's proposer (``proposers.registry``), as many as can be evaluated at once (one per lane
+    of --gpus), or the updates that stop the run when none can come (an LLM's budget, deadline or failures)."""
     try:
-        return propose_llm(state, ctx), {"proposer_failures": []}
+        return proposer_for(ctx.policy).propose(state, ctx, batch_size(state)), {"proposer_failures": []}
     except BudgetExceeded as exc:
         return [], {"stop_reason": f"budget: {exc}"}
     except DeadlineReached as exc:

@@ -2,8 +2,9 @@
 
 ``offline`` is a rule catalog (no LLM, $0); ``llm`` asks a model for a JSON-schema reply; ``tpe``
 is Optuna's TPE sampler over the knob space (the offline tier's ``--search tpe``, an oracle to
-compare the rules with). All return ``Proposal`` records; the propose node numbers them, writes
-kernel sources into the run directory and queues them.
+compare the rules with). Each sits behind the ``Proposer`` protocol (``base``), and a run finds its own by
+name in ``registry``. All return ``Proposal`` records; the propose node numbers them, writes kernel sources
+into the run directory and queues them.
 """
 
 from __future__ import annotations

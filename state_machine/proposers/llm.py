@@ -136,3 +136,18 @@ def propose_llm(state: RunState, ctx: RunContext) -> list[Proposal]:
               REPLY_SCHEMA, SCHEMA_NAME)
     reply = converse(state, ctx, ask, Reply)
     return to_proposals(reply, state, ctx, entry.candidate.id if entry is not None else None)
+
+
+class LLMProposer:
+    """The proposer of every tier with a model (``normal``, ``ultra``, a user's own)."""
+
+    name = "llm"
+    uses_llm = True
+    reads_findings = True
+
+    def check_available(self) -> None:
+        """Nothing to import here: ``sg_opt`` builds the client and checks its endpoint before the run starts."""
+
+    def propose(self, state: RunState, ctx: RunContext, limit: int) -> list[Proposal]:
+        """One call's candidates: as many as the tier asks of a call, whatever ``limit`` (the node queues them)."""
+        return propose_llm(state, ctx)

@@ -213,3 +213,17 @@ def propose_offline(state: RunState, ctx: RunContext, limit: int = 1) -> list[Pr
         if len(chosen) == limit:
             break
     return chosen
+
+
+class RuleCatalog:
+    """The offline tier's default search (``--search rules``): the catalog above, no LLM, $0."""
+
+    name = "rules"
+    uses_llm = False
+    reads_findings = True
+
+    def check_available(self) -> None:
+        """Nothing to import: the rules are plain Python over the target's knobs."""
+
+    def propose(self, state: RunState, ctx: RunContext, limit: int) -> list[Proposal]:
+        return propose_offline(state, ctx, limit)

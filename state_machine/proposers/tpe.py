@@ -148,3 +148,18 @@ def propose_tpe(state: RunState, ctx: RunContext, limit: int = 1) -> list[Propos
             break
         taken.add(digest)  # the batch's next sample must differ (the chosen trials stay running in the study)
     return chosen
+
+
+class TPESearch:
+    """``--search tpe``: the oracle the rules are compared with; it reads no findings, so a new incumbent is not
+    profiled for it (nodes.diagnose)."""
+
+    name = "tpe"
+    uses_llm = False
+    reads_findings = False
+
+    def check_available(self) -> None:
+        require_optuna()
+
+    def propose(self, state: RunState, ctx: RunContext, limit: int) -> list[Proposal]:
+        return propose_tpe(state, ctx, limit)
