@@ -177,8 +177,10 @@ def test_bench_vs_names_sides_interval_and_verdict(tmp_path):
     # fused row-wise updates remove tiny's dense table gradient: about 5x, far beyond the 0.5 floor
     assert payload["ci_low"] <= payload["ratio"] <= payload["ci_high"] and payload["verdict"] == "faster"
     # each measurement says it ended as it ends, on stderr (a bench stopped from outside shows how far it got)
+    # (its blocks spread over fresh worker pairs, pooled: no one pair's start-up)
     assert re.search(r"candidate against incumbent: ratio 0\.\d{4} \(0\.\d{4}-\d\.\d{4}\), block spread \d+%; "
-                     r"\d+ s, the workers ready after \d+ s", result.stderr), result.stderr
+                     r"\d+ s, its blocks \d+ s", result.stderr), result.stderr
+    assert payload["blocks"] == 6  # --blocks 2 over three fresh pairs: at least 2 blocks a pair
 
 
 def test_bench_vs_odd_blocks_is_a_usage_error(tmp_path):
