@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.table import Table
 
-from sg_opt.report import ESTIMATE, ratio_text, read_run, result_line, spend_line, step_text
+from sg_opt.report import read_run
+from sg_opt.report_text import ESTIMATE, ratio_text, result_line, spend_line, step_text
 from sg_opt.summary import Summary
 
 COMPARISON_SCHEMA_VERSION = 1

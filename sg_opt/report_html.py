@@ -13,9 +13,10 @@ from html import escape
 from typing import Iterable, Sequence
 
 from sg_opt import plots
-from sg_opt.report import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes, floor_text,
-                           host_line, machine_rows, numerics_line, over_floor_text, ratio_text, result_line,
-                           spend_line, status_line, step_ms_text, step_text, time_line, verdict_text)
+from sg_opt.report_text import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes,
+                                floor_text, host_line, machine_rows, numerics_line, over_floor_text, ratio_text,
+                                result_line, spend_line, status_line, step_ms_text, step_text, time_line,
+                                verdict_text)
 from sg_opt.summary import Summary
 
 CSS = """

@@ -17,7 +17,8 @@ from state_machine.specs import candidate_request, incumbent_request, write_json
 from state_machine.state import Candidate, RunState, rejected
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
-from validators.kernel import KernelVerdict, spot_check_spec, validate_kernel_file
+from validators.kernel import KernelVerdict, spot_check_spec
+from validators.kernel_file import validate_kernel_file
 from validators.numerics import compare
 from validators.started_ahead import PrestartKey, discard, prestart
 

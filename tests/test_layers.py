@@ -5,12 +5,19 @@ module knows the bundled trainer.
 Every module's imports are read with ast, those inside functions included. "Names the trainer in code": an
 identifier, an attribute or a string that is not a docstring holding 'haste' (comments and docstrings may cite
 its measurements); sg-opt's own entry point for it lives in pyproject.toml.
+
+Within the layers, no two project modules import each other, directly or round a loop, not even from inside a
+function (a deferred import hides a cycle without breaking it: the two halves still cannot be read, tested or
+moved apart). Imports under ``if TYPE_CHECKING:`` never run and are not counted. And no module imports another's
+``_private`` name: what two modules share is public where it is defined.
 """
 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
+from typing import Collection, Mapping
 
 import pytest
 
@@ -87,3 +94,126 @@ def test_the_contract_sees_a_breach():
     tree = ast.parse('"""Cites haste in a docstring."""\nimport targets.haste_rec.knobs\nX = "haste-rec"\n')
     assert imported(tree) == {"targets.haste_rec.knobs"}
     assert names_the_trainer(tree) == ["line 3: 'haste-rec'"]
+
+
+# ----------------------------------------------------------------------------- cycles and private names
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the project's packages, the bundled trainer included, by dotted name."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def type_checking_only(tree: ast.AST) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: read by type checkers, never run."""
+    guards = [node for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+    return {id(inner) for guard in guards for statement in guard.body for inner in ast.walk(statement)}
+
+
+def project_imports(name: str, tree: ast.AST, modules: Collection[str],
+                    packages: Collection[str] = ()) -> list[tuple[str, str | None, int]]:
+    """(project module imported, the name taken from it or None, line) for each import that runs, those inside
+    functions included. ``from package import submodule`` imports the submodule; relative imports are resolved
+    against ``name`` (``packages``: the modules that are packages)."""
+    skip = type_checking_only(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names if alias.name in modules]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if name in packages else name.split(".")[:-1]
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    found.append((f"{base}.{alias.name}", None, node.lineno))
+                elif base in modules:
+                    found.append((base, alias.name, node.lineno))
+    return found
+
+
+def import_graph(trees: Mapping[str, ast.AST], packages: Collection[str] = ()) -> dict[str, dict[str, int]]:
+    """module -> {project module it imports: the line of its first import there}."""
+    graph: dict[str, dict[str, int]] = {name: {} for name in trees}
+    for name, tree in trees.items():
+        for target, _, line in project_imports(name, tree, trees, packages):
+            if target != name:
+                graph[name].setdefault(target, line)
+    return graph
+
+
+def import_cycles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
+    """The sets of two or more modules that each reach every other through imports (strongly connected)."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph[todo.pop()]:
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        reach[start] = seen
+    cycles = {frozenset({start} | {other for other in reach[start] if start in reach[other]})
+              for start in graph if start in reach[start]}
+    return sorted(sorted(cycle) for cycle in cycles if len(cycle) > 1)
+
+
+def cycle_text(cycle: list[str], graph: Mapping[str, Mapping[str, int]]) -> str:
+    """The imports inside one cycle, each with its line: the places one of them has to go from."""
+    return "; ".join(f"{source} -> {target} (line {line})" for source in cycle
+                     for target, line in sorted(graph[source].items()) if target in cycle)
+
+
+def private_imports(name: str, tree: ast.AST, modules: Collection[str], packages: Collection[str] = ()) -> list[str]:
+    """Each ``_private`` name this module takes from another project module (dunder names are public)."""
+    return [f"line {line}: {taken} from {target}"
+            for target, taken, line in project_imports(name, tree, modules, packages)
+            if taken is not None and taken.startswith("_") and not (taken.startswith("__") and taken.endswith("__"))
+            and target != name]
+
+
+@cache
+def project_trees(root: Path = ROOT) -> tuple[dict[str, ast.AST], frozenset[str]]:
+    """Each project module's parsed source, and which of them are packages."""
+    modules = project_modules(root)
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in modules.items()}
+    return trees, frozenset(name for name, path in modules.items() if path.name == "__init__.py")
+
+
+def test_no_import_cycle_among_project_modules():
+    trees, packages = project_trees()
+    graph = import_graph(trees, packages)
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles: " + " | ".join(cycle_text(cycle, graph) for cycle in cycles)
+
+
+@pytest.mark.parametrize("name", sorted(project_modules()))
+def test_no_module_imports_another_modules_private_name(name):
+    trees, packages = project_trees()
+    private = private_imports(name, trees[name], trees, packages)
+    assert not private, f"{name} imports private names of other modules: {private}"
+
+
+def test_the_cycle_and_privacy_checks_see_a_breach():
+    sources = {
+        "pkg": "",
+        "pkg.a": "from __future__ import annotations\nimport os\n\ndef f():\n    from pkg.b import g\n    return g\n",
+        "pkg.b": "from typing import TYPE_CHECKING\nfrom pkg import c\nif TYPE_CHECKING:\n    from pkg.d import D\n",
+        "pkg.c": "from .a import _helper, __version__\n",
+        "pkg.d": "import pkg.b\n",
+    }
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    graph = import_graph(trees, {"pkg"})
+    assert graph["pkg.a"] == {"pkg.b": 5} and graph["pkg.b"] == {"pkg.c": 2}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]  # pkg.d only under TYPE_CHECKING: no cycle
+    assert cycle_text(["pkg.a", "pkg.b", "pkg.c"], graph) == ("pkg.a -> pkg.b (line 5); pkg.b -> pkg.c (line 2); "
+                                                               "pkg.c -> pkg.a (line 1)")
+    assert private_imports("pkg.c", trees["pkg.c"], trees, {"pkg"}) == ["line 1: _helper from pkg.a"]
+    assert private_imports("pkg.a", trees["pkg.a"], trees, {"pkg"}) == []

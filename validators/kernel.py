@@ -28,10 +28,11 @@ CUDA caching allocator reuses freed blocks readily, CPU malloc less predictably,
 from mmap are zeros); the accuracy and non-finite checks catch unwritten elements whatever they
 hold, and the second call at each shape finds only the first call's stale values there.
 
-``check_kernel`` is the in-process core. ``validate_kernel_file`` is what callers use: the static
-check of ``validators.source`` first (a rejected file never runs), then ``check_kernel`` in a
-subprocess (``validators.kernel_worker``) with a scrubbed environment, its own process group and a
-time limit, so a crash, hang or exception in the candidate is a failed verdict, never the caller's.
+``check_kernel`` is the in-process core. ``validators.kernel_file.validate_kernel_file`` is what
+callers use: the static check of ``validators.source`` first (a rejected file never runs), then
+``check_kernel`` in a subprocess (``validators.kernel_worker``) with a scrubbed environment, its own
+process group and a time limit, so a crash, hang or exception in the candidate is a failed verdict,
+never the caller's. Both sit above this module, which imports neither.
 
 A dozen calls cannot show what a candidate does at its 121st, or at a shape's third: the same comparison keeps
 running in training as spot checks (``targets.spot_check``, asked for by ``spot_check_spec`` in a worker request).
@@ -44,7 +45,6 @@ import random
 import secrets
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -55,7 +55,7 @@ from targets.protocol import ConfigError, KernelSlot
 from targets.spot_check import (Errors, Tolerance, arg_names, bitwise_equal, error_text, errors, non_finite,
                                 rounding_slack, upcast, within)
 from targets.worker_protocol import SpotCheckSpec
-from validators.source import SourceVerdict, check_source
+from validators.source import SourceVerdict
 
 
 # fp32 at 1e-5 admits any summation order of fp32 products (a few ulps times sqrt(fan-in)) but not
@@ -359,29 +359,3 @@ def spot_check_spec(rate: float) -> SpotCheckSpec:
 def draw_seed() -> int:
     """A seed the candidate cannot know in advance."""
     return secrets.randbelow(2 ** 31)
-
-
-# ----------------------------------------------------------------------------- from a file
-
-def validate_kernel_file(target_name: str, slot_name: str, path: str, device: str, dtype: str,
-                         timeout_s: float, *, seed: int | None = None, allow_tf32: bool = False,
-                         max_flops: float | None = None) -> KernelVerdict:
-    """Static check of the file, then (only if it passes) ``check_kernel`` on the same text in a subprocess.
-
-    ``timeout_s`` covers the whole child, including its torch import (about 2 s). ``seed`` defaults to
-    a fresh random one, so the candidate cannot know its inputs or ragged shapes in advance.
-    """
-    from validators.kernel_worker import run_kernel_check  # imported here: kernel_worker imports this module
-    try:
-        source = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return KernelVerdict(ok=False, slot=slot_name, check="load", device=device, dtype=dtype,
-                             reason=f"cannot read kernel file {path} ({exc}).")
-    static = check_source(source, slot_name)
-    if not static.ok:
-        return KernelVerdict(ok=False, slot=slot_name, check="source", device=device, dtype=dtype,
-                             reason=static.message, source=static)
-    verdict = run_kernel_check(target_name, slot_name, source, device, dtype, timeout_s, seed=seed,
-                               allow_tf32=allow_tf32, max_flops=max_flops)
-    verdict.source = static
-    return verdict

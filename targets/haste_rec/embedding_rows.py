@@ -68,7 +68,7 @@ def _fused_kernel(cfg: EmbeddingConfig) -> Callable | None:
     return functools.partial(embedding_fused_update_, config=_kernel_config(cfg))
 
 
-class _Rows(ABC):
+class Rows(ABC):
     """All tables' rows: lookup without autograd, row-wise update, snapshot, traffic counters."""
 
     index_device: torch.device  # where lookups want the batch's ids
@@ -84,7 +84,7 @@ class _Rows(ABC):
     @abstractmethod
     def lookup(self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
                record: bool, key=None) -> tuple[torch.Tensor, Lookup | _Bags]:
-        """(pooled [T*B, dim], the lookup backward needs); `key` names the batch (``_CachedRows``' prefetch)."""
+        """(pooled [T*B, dim], the lookup backward needs); `key` names the batch (``CachedRows``' prefetch)."""
 
     @abstractmethod
     def update(self, rows: torch.Tensor | None, grads: torch.Tensor) -> None: ...
@@ -118,7 +118,7 @@ def _host_buffers(init: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return init, torch.zeros(init.shape[0], 1)
 
 
-class _DeviceRows(_Rows):
+class DeviceRows(Rows):
     """Weights and state on the compute device; an autograd leaf for the dense and sparse modes."""
 
     def __init__(self, init: torch.Tensor, device: torch.device, cfg: EmbeddingConfig):
@@ -161,7 +161,7 @@ class _DeviceRows(_Rows):
         return self.weight.detach()
 
 
-class _HostRows(_Rows):
+class HostRows(Rows):
     """Weights and state in host memory; lookups and updates on the host."""
 
     index_device = CPU
@@ -198,7 +198,7 @@ class _HostRows(_Rows):
         return self.weight
 
 
-class _CachedRows(_Rows):
+class CachedRows(Rows):
     """Host weights and state, each behind its own per-table device caches with their own budgets; the caches'
     id -> slot maps on the host, or on the device (cache_index), where the batch's ids then go (with
     cache_overlap, the caches copy them there on their own stream)."""

@@ -25,7 +25,7 @@ from torch import nn
 from targets.haste_rec.batch import Batch, PackedBatch
 from targets.haste_rec.cache_plan import plan_capacities, plan_uniform
 from targets.haste_rec.embedding_config import CPU, EmbeddingConfig, check_backend
-from targets.haste_rec.embedding_rows import _CachedRows, _DeviceRows, _HostRows, _Rows
+from targets.haste_rec.embedding_rows import CachedRows, DeviceRows, HostRows, Rows
 from targets.haste_rec import build_cache, embedding_rows, row_ops, table_caches
 from targets.haste_rec.row_ops import TableLayout, coalesce_rows, unique_ids
 from targets.protocol import ConfigError
@@ -40,7 +40,7 @@ class _RowGradLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, rows: _Rows, ids, offsets, weights, sink: Callable, key) -> torch.Tensor:
+    def forward(ctx, anchor, rows: Rows, ids, offsets, weights, sink: Callable, key) -> torch.Tensor:
         pooled, ctx.lookup = rows.lookup(ids, offsets, weights, record=True, key=key)
         ctx.rows, ctx.sink = rows, sink
         return pooled
@@ -131,12 +131,12 @@ class EmbeddingStore(nn.Module):
         """ConfigError, before any table is built, when the placement does not fit the HBM budget."""
         check_budget(self.cfg, self.device_bytes())
 
-    def _build(self, init: torch.Tensor) -> _Rows:
+    def _build(self, init: torch.Tensor) -> Rows:
         if self.cfg.placement == "device":
-            return _DeviceRows(init, self.device, self.cfg)
+            return DeviceRows(init, self.device, self.cfg)
         if self.cfg.placement == "host":
-            return _HostRows(init, self.device, self.cfg)
-        return _CachedRows(init, self.device, self.cfg, self.layout, self.cache_rows, self.state_cache_rows)
+            return HostRows(init, self.device, self.cfg)
+        return CachedRows(init, self.device, self.cfg, self.layout, self.cache_rows, self.state_cache_rows)
 
     # -- forward / backward ---------------------------------------------------------------------
     def forward(self, batch: Batch | PackedBatch) -> torch.Tensor:
@@ -190,7 +190,7 @@ class EmbeddingStore(nn.Module):
             self._rows.update(*gradient)
 
     def zero_grad(self) -> None:
-        if isinstance(self._rows, _DeviceRows):
+        if isinstance(self._rows, DeviceRows):
             self._rows.weight.grad = None
         self._pending = None
         self._fused_sq = []
@@ -209,11 +209,11 @@ class EmbeddingStore(nn.Module):
     def warm_caches(self, batches: Iterable[Batch],
                     remembered: Callable[[tuple, Callable[[], dict]], dict] | None = None) -> None:
         """Placement cached: fast-forward the device caches to the state training keeps them in, full, by
-        replaying the rows of `batches` (``_CachedRows.warm``; lazily drawn, as many as filling takes). A step
+        replaying the rows of `batches` (``CachedRows.warm``; lazily drawn, as many as filling takes). A step
         on filling caches loads rows but writes none back: timed then, the cache looks cheaper than it is in
         training (see model.CACHE_WARM_BATCHES). `remembered(key, replay)`, given, may answer with what an
         earlier replay of the same batches decided for caches of the same shape (``key`` says which)."""
-        if not isinstance(self._rows, _CachedRows):
+        if not isinstance(self._rows, CachedRows):
             return
         rows = (unique_ids(self.layout.flatten(batch, CPU)[0])[0] for batch in batches)
         key = (tuple(self.cache_rows), tuple(self.state_cache_rows), self.cfg.eviction,

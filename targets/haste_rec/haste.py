@@ -150,7 +150,8 @@ def _resolve_kernels(backend: str, kernels: Mapping[str, Callable] | None,
                           f"known: {', '.join(TORCH_TAIL_IMPLS)}")
     base: Mapping[str, Callable] = TORCH_TAIL_IMPLS
     if backend in TRITON_BACKENDS:
-        from targets.haste_rec.triton_tail import TailKernelConfig, triton_tail_impls
+        from targets.haste_rec.triton_tail import TailKernelConfig
+        from targets.haste_rec.triton_tail_impls import triton_tail_impls
         base = triton_tail_impls(TailKernelConfig(**(kernel_config or {})))
     return {**base, **(kernels or {})}
 

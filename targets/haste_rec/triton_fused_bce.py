@@ -53,9 +53,9 @@ import triton
 import triton.language as tl
 
 from targets.haste_rec.tail_slots import tail_fused_bce_cost
-from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _group_operands, _load_tile, _mm,
-                                           check_h_idx, check_operand, check_tiles, column_major)
-from targets.haste_rec.triton_tail_backward import SlotCSR, _store_dx, segment_sum, slot_csr
+from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, check_h_idx, check_operand, check_tiles,
+                                           column_major, dot_acc, group_operands, load_tile)
+from targets.haste_rec.triton_tail_backward import SlotCSR, segment_sum, slot_csr, store_dx
 from targets.protocol import FlopsBytes
 
 
@@ -184,7 +184,7 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
                            ROUND_LOGITS: tl.constexpr, PRECISION: tl.constexpr, POSITIVES_AS_BITS: tl.constexpr,
                            BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
-    cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
+    cols, w, offs_g, offs_f, mask_g, mask_f = group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
     w = w.to(h_ptr.dtype.element_ty)  # fp32 master weights: cast in registers
     wt = tl.trans(w)
     position = tl.load(pos_ptr + k * F + offs_f, mask=mask_f, other=0).to(tl.int64)
@@ -203,8 +203,8 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
     for c0 in range(0, B, BLOCK_B):
         rows = c0 + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
-        z = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
+        h = load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
+        z = dot_acc(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
         if ROUND_PRODUCT:
             z = _round_as(z, h)
         if HAS_BIAS:
@@ -222,9 +222,9 @@ def _tail_fused_bce_kernel(h_ptr, idx_ptr, w_ptr, bias_ptr, cw_ptr, prow_ptr, pc
             dz = _round_as(dz, h)
         db_acc += tl.sum(dz, axis=0)
         dzc = dz.to(h.dtype)
-        dw_acc = _mm(tl.trans(dzc), h, dw_acc, PRECISION)
-        dx = _mm(dzc, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
-        _store_dx(dx_ptr, dx, rows, cols, position, mask_b, mask_f, B, 0, False)
+        dw_acc = dot_acc(tl.trans(dzc), h, dw_acc, PRECISION)
+        dx = dot_acc(dzc, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
+        store_dx(dx_ptr, dx, rows, cols, position, mask_b, mask_f, B, 0, False)
 
     tl.store(loss_ptr + k, tl.sum(loss_acc, axis=0))
     tl.store(dw_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :], dw_acc.to(dw_ptr.dtype.element_ty),

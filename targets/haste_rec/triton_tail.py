@@ -1,6 +1,7 @@
 """Triton kernels for the HASTE tail (Triton-tutorial style: kernel, launcher, shape contract and
-cost side by side), and what every tail kernel module shares: the tile config, the jit helpers,
-the shape checks and the registry of slot implementations.
+cost side by side), and what every tail kernel module shares: the tile config, the jit helpers
+and the shape checks. The registry of slot implementations is ``triton_tail_impls``, above every
+tail kernel module, so that none of them imports another that imports it back.
 
 Layout: K groups of G labels; group k reads the F input dims ``idx[k]`` of h [B, Ht] and owns the
 weights ``w[k]`` [G, F]. Every "group-tile" kernel (these two, the input gradient's first pass in
@@ -42,9 +43,7 @@ interpreter computes bf16 wrongly, so the CPU tests cover fp32 and fp16 only.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import triton
@@ -56,7 +55,7 @@ FP32_PRECISIONS = ("ieee", "tf32", "tf32x3")  # tl.dot's input precisions for fp
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _pad(n: int) -> int:
+def tile_dim(n: int) -> int:
     """Next power of two, at least 16 (tl.dot's smallest tile dim)."""
     return max(16, triton.next_power_of_2(n))
 
@@ -109,14 +108,14 @@ class TailKernelConfig:
                 fused_dtype: torch.dtype | None = None) -> tuple[int, int, int]:
         """(BLOCK_B, num_warps, num_stages) for B, G, F; ``fused_dtype``: the inputs' dtype when the launch is
         the fused loss kernel's."""
-        tile = _pad(size) * _pad(fan_in)
+        tile = tile_dim(size) * tile_dim(fan_in)
         auto_block_b = 64 if tile <= 64 * 64 else 32
-        if fused_dtype is not None and self.dot_precision(fused_dtype) == "tf32" and _pad(size) >= 32:
+        if fused_dtype is not None and self.dot_precision(fused_dtype) == "tf32" and tile_dim(size) >= 32:
             auto_block_b //= 2  # one tensor-core pass over groups of 32 labels or more
         block_b = auto_block_b if self.block_b == AUTO else int(self.block_b)
         num_warps = (4 if tile <= 64 * 64 else 8) if self.num_warps == AUTO else int(self.num_warps)
         num_stages = 3 if self.num_stages == AUTO else int(self.num_stages)
-        return _pad(min(block_b, max(batch, 1))), num_warps, num_stages
+        return tile_dim(min(block_b, max(batch, 1))), num_warps, num_stages
 
     def dot_precision(self, dtype: torch.dtype) -> str:
         """The kernels' ``tl.dot`` input precision for inputs of ``dtype``: fp32_precision for fp32 (the
@@ -141,28 +140,28 @@ def interpreter_active() -> bool:
 # ----------------------------------------------------------------------------- jit helpers
 
 @triton.jit
-def _mm(a, b, acc, PRECISION: tl.constexpr):
+def dot_acc(a, b, acc, PRECISION: tl.constexpr):
     """acc + a @ b, fp32 accumulation; PRECISION (``TailKernelConfig.dot_precision``) is how fp32 inputs
     multiply: "ieee" (exact fp32 products), "tf32" or "tf32x3" (tensor cores); 16-bit inputs ignore it."""
     return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
-def _load_tile(ptr, offs_r, offs_c, stride_r, stride_c, mask_r, mask_c):
+def load_tile(ptr, offs_r, offs_c, stride_r, stride_c, mask_r, mask_c):
     """The [R, C] tile ptr[offs_r * stride_r + offs_c * stride_c], zero outside the masks."""
     return tl.load(ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
                    mask=mask_r[:, None] & mask_c[None, :], other=0.0)
 
 
 @triton.jit
-def _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
+def group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     """Group k's fan-in dims [BLOCK_F] and weight tile W_k [BLOCK_G, BLOCK_F], with their offsets and masks."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_f = tl.arange(0, BLOCK_F)
     mask_g = offs_g < G
     mask_f = offs_f < F
     cols = tl.load(idx_ptr + k * F + offs_f, mask=mask_f, other=0)
-    w = _load_tile(w_ptr + k * G * F, offs_g, offs_f, F, 1, mask_g, mask_f)
+    w = load_tile(w_ptr + k * G * F, offs_g, offs_f, F, 1, mask_g, mask_f)
     return cols, w, offs_g, offs_f, mask_g, mask_f
 
 
@@ -190,7 +189,7 @@ def check_operand(t: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor, w
 
 def check_tiles(size: int, fan_in: int) -> tuple[int, int]:
     """(BLOCK_G, BLOCK_F), or ValueError when a group's tile does not fit one program."""
-    block_g, block_f = _pad(size), _pad(fan_in)
+    block_g, block_f = tile_dim(size), tile_dim(fan_in)
     if block_g > MAX_TILE or block_f > MAX_TILE:
         raise ValueError(f"G={size} and F={fan_in} must each pad to at most {MAX_TILE}")
     return block_g, block_f
@@ -222,7 +221,7 @@ def column_major(x: torch.Tensor) -> torch.Tensor:
 def _forward_group(idx_ptr, w_ptr, bias_ptr, k, G, F,
                    HAS_BIAS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     """What the forward keeps of group k across the batch: its fan-in dims, W_k^T and bias_k (fp32)."""
-    cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
+    cols, w, offs_g, offs_f, mask_g, mask_f = group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + k * G + offs_g, mask=mask_g, other=0.0).to(tl.float32)
     else:
@@ -234,8 +233,8 @@ def _forward_group(idx_ptr, w_ptr, bias_ptr, k, G, F,
 def _forward_chunk(h_ptr, rows, mask_b, cols, mask_f, wt, bias, stride_hb, stride_hh,
                    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr):
     """One group's fp32 [BLOCK_B, BLOCK_G] tile of z for one batch chunk: H[rows, I_k] @ W_k^T + bias_k."""
-    h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
-    acc = _mm(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
+    h = load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)  # gathered [BLOCK_B, BLOCK_F]
+    acc = dot_acc(h, wt, tl.zeros((BLOCK_B, BLOCK_G), dtype=tl.float32), PRECISION)
     if HAS_BIAS:
         acc += bias[None, :]
     return acc
@@ -321,9 +320,9 @@ def _tail_backward_weight_kernel(dz_ptr, h_ptr, idx_ptr, dw_ptr,
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        dzt = _load_tile(dz_ptr + k * G * stride_dc, offs_g, rows, stride_dc, stride_db, mask_g, mask_b)
-        h = _load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
-        acc = _mm(dzt, h, acc, PRECISION)
+        dzt = load_tile(dz_ptr + k * G * stride_dc, offs_g, rows, stride_dc, stride_db, mask_g, mask_b)
+        h = load_tile(h_ptr, rows, cols, stride_hb, stride_hh, mask_b, mask_f)
+        acc = dot_acc(dzt, h, acc, PRECISION)
     tl.store(dw_ptr + k * G * F + offs_g[:, None] * F + offs_f[None, :],
              acc.to(dw_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_f[None, :])
 
@@ -350,17 +349,3 @@ def tail_backward_weight_triton(dz: torch.Tensor, h: torch.Tensor, idx: torch.Te
         PRECISION=config.dot_precision(h.dtype),
         BLOCK_B=block_b, BLOCK_G=BLOCK_G, BLOCK_F=BLOCK_F, num_warps=num_warps, num_stages=num_stages)
     return dw
-
-
-# ----------------------------------------------------------------------------- registry
-
-def triton_tail_impls(config: TailKernelConfig = DEFAULT_CONFIG) -> dict[str, Callable]:
-    """The Triton implementation of each tail kernel slot, bound to one tile config."""
-    from targets.haste_rec.triton_perlabel import perlabel_forward_triton
-    from targets.haste_rec.triton_tail_backward import tail_backward_input_triton
-
-    def bound(fn: Callable) -> Callable:  # keeps fn's name for profiles and reports
-        return functools.update_wrapper(functools.partial(fn, config=config), fn)
-
-    return {"tail_forward": bound(tail_forward_triton), "tail_backward_weight": bound(tail_backward_weight_triton),
-            "tail_backward_input": bound(tail_backward_input_triton), "perlabel_forward": perlabel_forward_triton}

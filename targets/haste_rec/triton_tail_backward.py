@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from targets.haste_rec.tail_slots import tail_backward_input_cost
-from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, _group_operands, _load_tile, _mm, _pad,
-                                           check_operand, check_tiles, groups_of)
+from targets.haste_rec.triton_tail import (DEFAULT_CONFIG, TailKernelConfig, check_operand, check_tiles, dot_acc,
+                                           group_operands, groups_of, load_tile, tile_dim)
 from targets.protocol import FlopsBytes
 
 SEGMENT_BLOCK_S = 32    # scratch rows one segmented-sum step reads
@@ -95,7 +95,7 @@ def slot_csr(idx: torch.Tensor, dims: int) -> SlotCSR:
 # ----------------------------------------------------------------------------- pass 1: dX per group
 
 @triton.jit
-def _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC: tl.constexpr):
+def store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC: tl.constexpr):
     """Deliver a [BLOCK_B, BLOCK_F] tile of dX: atomically added into fp32 dH[rows, cols], or stored
     to the dim-ordered scratch at rows ``position`` (each a contiguous run of the batch)."""
     mask = mask_b[:, None] & mask_f[None, :]
@@ -112,14 +112,14 @@ def _tail_dx_kernel(dz_ptr, idx_ptr, w_ptr, pos_ptr, out_ptr,
                     ATOMIC: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_F: tl.constexpr):
     k = tl.program_id(0).to(tl.int64)
-    cols, w, offs_g, offs_f, mask_g, mask_f = _group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
+    cols, w, offs_g, offs_f, mask_g, mask_f = group_operands(idx_ptr, w_ptr, k, G, F, BLOCK_G, BLOCK_F)
     position = tl.load(pos_ptr + k * F + offs_f, mask=mask_f, other=0).to(tl.int64)
     for start in range(0, B, BLOCK_B):
         rows = start + tl.arange(0, BLOCK_B).to(tl.int64)
         mask_b = rows < B
-        dz = _load_tile(dz_ptr + k * G * stride_dc, rows, offs_g, stride_db, stride_dc, mask_b, mask_g)
-        dx = _mm(dz, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
-        _store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC)
+        dz = load_tile(dz_ptr + k * G * stride_dc, rows, offs_g, stride_db, stride_dc, mask_b, mask_g)
+        dx = dot_acc(dz, w, tl.zeros((BLOCK_B, BLOCK_F), dtype=tl.float32), PRECISION)
+        store_dx(out_ptr, dx, rows, cols, position, mask_b, mask_f, B, stride_ob, ATOMIC)
 
 
 # ----------------------------------------------------------------------------- pass 2: segmented sum
@@ -142,10 +142,10 @@ def _segment_sum_kernel(src_ptr, perm_ptr, coef_ptr, row_ptr_ptr, out_ptr,
         if GATHER:
             slot = tl.load(perm_ptr + seg, mask=mask_s, other=0)
             coef = tl.load(coef_ptr + slot, mask=mask_s, other=0.0).to(tl.float32)
-            x = _load_tile(src_ptr, (slot // F).to(tl.int64), rows, B, 1, mask_s, mask_r)
+            x = load_tile(src_ptr, (slot // F).to(tl.int64), rows, B, 1, mask_s, mask_r)
             acc += coef[:, None] * x.to(tl.float32)
         else:
-            acc += _load_tile(src_ptr, seg.to(tl.int64), rows, B, 1, mask_s, mask_r).to(tl.float32)
+            acc += load_tile(src_ptr, seg.to(tl.int64), rows, B, 1, mask_s, mask_r).to(tl.float32)
     tl.store(out_ptr + rows * stride_ob + d * stride_od, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty),
              mask=mask_r)
 
@@ -154,7 +154,7 @@ def segment_sum(src: torch.Tensor, csr: SlotCSR, batch: int, out: torch.Tensor,
                 coef: torch.Tensor | None = None, fan_in: int = 1) -> torch.Tensor:
     """Fill out [B, dims] with each dim's segment of src rows summed (see ``_segment_sum_kernel``);
     with coef, src rows are labels: slot s reads row s // fan_in, weighted by coef[s]."""
-    block_r = min(SEGMENT_BLOCK_R, _pad(batch))
+    block_r = min(SEGMENT_BLOCK_R, tile_dim(batch))
     grid = (csr.dims, triton.cdiv(batch, block_r))
     _segment_sum_kernel[grid](
         src, csr.perm, src if coef is None else coef, csr.row_ptr, out, batch, fan_in,

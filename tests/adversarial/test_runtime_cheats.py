@@ -18,7 +18,8 @@ from targets.spot_check import SpotCheckFailed, checked_step
 from targets.worker import build_session
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest
-from validators.kernel import spot_check_spec, validate_kernel_file
+from validators.kernel import spot_check_spec
+from validators.kernel_file import validate_kernel_file
 from validators.source import check_source
 
 KERNELS = Path(__file__).parent / "kernels"

@@ -13,7 +13,7 @@ import pytest
 
 import validators.kernel_worker as kernel_worker
 from targets.haste_rec.tail_slots import TAIL_SLOTS
-from validators.kernel import validate_kernel_file
+from validators.kernel_file import validate_kernel_file
 
 KERNELS = Path(__file__).parent / "kernels"
 SLOT = "tail_forward"

@@ -24,7 +24,8 @@ pytest.importorskip("triton")
 from targets.haste_rec.tail_slots import (  # noqa: E402
     tail_backward_input, tail_backward_input_inputs, tail_backward_weight, tail_backward_weight_inputs,
     tail_forward, tail_forward_inputs)
-from targets.haste_rec.triton_tail import TailKernelConfig, interpreter_active, triton_tail_impls  # noqa: E402
+from targets.haste_rec.triton_tail import TailKernelConfig, interpreter_active  # noqa: E402
+from targets.haste_rec.triton_tail_impls import triton_tail_impls  # noqa: E402
 from targets.haste_rec.triton_tail_backward import (  # noqa: E402
     build_slot_csr, slot_csr, tail_backward_input_atomic, tail_backward_input_triton)
 

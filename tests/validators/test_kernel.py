@@ -17,7 +17,8 @@ import torch
 
 from targets.haste_rec.tail_slots import TAIL_SLOTS
 import validators.kernel as kernel_module
-from validators.kernel import TOLERANCES, check_kernel, check_shapes, poison_allocator, validate_kernel_file
+from validators.kernel import TOLERANCES, check_kernel, check_shapes, poison_allocator
+from validators.kernel_file import validate_kernel_file
 from validators.kernel_worker import KernelRequest, execute, run_kernel_check
 
 CANDIDATES = Path(__file__).parent / "candidates"

@@ -308,7 +308,6 @@ REAL_LAUNCHERS = {
 # Project plumbing around the kernels, not kernel code, and why a candidate could not hold it as written.
 NOT_KERNEL_LEVEL = {
     "interpreter_active": "asks triton.runtime whether the CPU interpreter is on",
-    "triton_tail_impls": "binds configs into a registry with functools.partial",
     "slot_csr": "caches on a weakref and the tensor's private _version",
     "_kernel_positives": "names a wrong argument's type with type(x).__name__ in its error",
 }
