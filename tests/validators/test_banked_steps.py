@@ -59,7 +59,8 @@ def test_a_block_after_idle_time_times_the_steady_rate_not_the_bank(apart):
     block = run_block(session, CPU, steps=3, drain=not apart)
     assert session.steps == 4 + 3 and block["drained"] == (0 if apart else 4)
     assert len(block["step_s"]) == 3 and min(block["step_s"]) > SLOW_S * 0.9
-    assert block["timed_s"] == sum(block["step_s"])
+    # the worker's own window holds the timed steps (and not the drain before them), and little else
+    assert sum(block["step_s"]) <= block["timed_s"] < sum(block["step_s"]) + 0.25 * SLOW_S
 
 
 def test_a_block_without_a_drain_times_the_bank():

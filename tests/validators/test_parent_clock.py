@@ -69,7 +69,7 @@ def test_a_sum_of_step_times_must_fit_the_parents_window():
 def test_a_candidate_that_tampers_with_the_workers_clock_fails_as_clock(clock):
     """A perf_counter slowed tenfold made the worker's own times say 10x faster; the parent's clock says otherwise."""
     tampered = HONEST.model_copy(update={"target": f"tests.validators.test_parent_clock:{clock}"})
-    result = measure_ab(HONEST, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.3,
+    result = measure_ab(HONEST, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.1,
                         floor=0.01, load_policy=NO_WAIT)
     assert result.verdict == "failed" and result.verdict != "faster"
     assert result.failure.kind == "clock" and result.failed_side == "candidate"
