@@ -9,7 +9,7 @@ from rich.table import Table
 
 from profilers.floor import floor_sentence
 from profilers.records import ProfileResult, RankProfile, StepFloor
-from sg_opt.report import over_floor_text
+from sg_opt.report_text import over_floor_text
 
 
 NARROW = 100  # a console narrower than this (a CI log's 80 columns) gets tables without vertical rules

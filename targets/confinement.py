@@ -225,15 +225,15 @@ def _confine(writable: list[str], keep_network: str) -> Confinement:
         why_not.append(f"the file system stayed writable: {exc.strerror} on {exc.filename or 'the id maps'}")
         return Confinement(confined=network, network=network, how="user and network namespaces" if network else "",
                            why_not="; ".join(why_not), writable=folders)
-    failed = []
+    failed, kept = [], [*folders, *LEFT_AS_MOUNTED]
     for point, options in mounts():
-        if _within(point, [*folders, *LEFT_AS_MOUNTED]) or "ro" in options:
+        if _within(point, kept) or "ro" in options:
             continue
         try:
             _mount(None, point, _read_only_flags(options))
         except OSError as exc:
             failed.append(f"{point} ({exc.strerror})")
-    stayed = [p for p, _ in mounts() if not _within(p, [*folders, *LEFT_AS_MOUNTED]) and _is_read_only(p) is False]
+    stayed = [p for p, _ in mounts() if not _within(p, kept) and _is_read_only(p) is False]
     if stayed:
         why_not.append(f"mounts stayed writable: {', '.join(stayed[:5])}" + (f" ({'; '.join(failed[:3])})"
                                                                           if failed else ""))
