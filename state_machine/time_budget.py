@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from state_machine.state import RunState
+from validators.confirmation import blocks_per_pair
 from validators.speedup import ABResult
 
 CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
@@ -70,14 +71,16 @@ def _calibration_runs(path: str) -> tuple[dict, ...]:
 
 
 @lru_cache(maxsize=8)
-def _final_from_calibration(path: str, blocks: int) -> float:
-    """Per A/A run: its fixed cost (workers started, built, warmed up: wall time less its timed blocks) plus
-    ``blocks`` pairs of its mean block; the median over the runs. The best side's blocks are no longer than the
-    baseline's, so this bounds a final measurement that is not repeated."""
+def _final_from_calibration(path: str, blocks: int, pairs: int = 1) -> float:
+    """Per A/A run: its fixed cost (workers started, built, warmed up: wall time less its timed blocks) once per
+    fresh worker pair, plus each pair's share of ``blocks`` (``blocks_per_pair``) pairs of its mean block; the
+    median over the runs. The best side's blocks are no longer than the baseline's, so this bounds a final
+    measurement that is not repeated."""
     estimates = []
     for run in map(ABResult.model_validate, _calibration_runs(path)):
         waited = run.waited_s + (run.load.waited_s if run.load is not None else 0.0)  # the machine's, not the work's
-        estimates.append(max(0.0, run.wall_s - waited - run.medians_s) + blocks * run.medians_s / max(1, run.blocks))
+        fixed, block = max(0.0, run.wall_s - waited - run.medians_s), run.medians_s / max(1, run.blocks)
+        estimates.append(pairs * (fixed + blocks_per_pair(blocks, pairs) * block))
     return statistics.median(estimates) if estimates else 0.0
 
 
@@ -88,7 +91,7 @@ def final_measurement_s(state: RunState) -> float:
         return 0.0
     try:
         return _final_from_calibration(state.baseline.calibration_file,
-                                       max(state.plan.blocks, state.plan.final_blocks))
+                                       max(state.plan.blocks, state.plan.final_blocks), state.plan.final_pairs)
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0
 

@@ -64,12 +64,17 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
         load=pooled_load([r.load for r in results])))
 
 
+def blocks_per_pair(blocks: int, pairs: int) -> int:
+    """Each worker pair's share of ``blocks`` blocks a side, even (blocks alternate in pairs) and at least 2."""
+    return max(2, 2 * math.ceil(blocks / max(1, pairs) / 2))
+
+
 def across_process_pairs(measure: Callable[[int, int], ABResult], blocks: int, pairs: int = PROCESS_PAIRS,
                          seed: int = 0) -> ABResult:
     """``blocks`` blocks per side spread over ``pairs`` fresh pairs of workers (``measure(seed, blocks)`` makes one
     pair's measurement), pooled (``pooled``): a figure quoted once and measured again later averages several pairs'
     own offsets instead of resting on one. A failed measurement is returned as it is."""
-    each = max(2, 2 * math.ceil(blocks / max(1, pairs) / 2))  # even: blocks alternate in pairs
+    each = blocks_per_pair(blocks, pairs)
     results = []
     for i in range(max(1, pairs)):
         result = measure(seed + i, each)

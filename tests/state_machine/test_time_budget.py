@@ -22,6 +22,7 @@ def with_history(state: RunState, accepted: int, rejected: int, calibration: Pat
                          verdict=Verdict(accepted=i < accepted, stage="measure", reason="r", ratio=0.5))
                for i in range(accepted + rejected)]
     base = Baseline(numerics_file="n", step_ms=314.5, noise_floor=0.01, calibration_file=str(calibration))
+    updates.setdefault("plan", state.plan.model_copy(update={"final_pairs": 1}))  # as the runs replayed here measured
     return state.model_copy(update={"history": history, "baseline": base, **updates})
 
 
@@ -34,6 +35,9 @@ def test_the_final_measurement_is_sized_on_the_baselines_a_a_runs(state):
     assert final_measurement_s(xl) == pytest.approx(65.47, abs=0.01)
     as_long = xl.model_copy(update={"plan": xl.plan.model_copy(update={"final_blocks": 40})})
     assert final_measurement_s(as_long) == pytest.approx(statistics.median(r["wall_s"] for r in runs), abs=0.6)
+    # spread over three fresh pairs (the default plan): three fixed costs, and 8 blocks a pair (24 in all)
+    three = xl.model_copy(update={"plan": state.plan})
+    assert state.plan.final_pairs == 3 and final_measurement_s(three) == pytest.approx(117.17, abs=0.01)
 
 
 def test_nothing_to_measure_reserves_nothing(state, tmp_path):
