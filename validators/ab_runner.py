@@ -40,7 +40,6 @@ HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep
 # check need not be tight: it says that something tampered with the worker's clocks.
 CLOCK_OVER = (0.02, 0.002)
 CLOCK_UNDER = (0.25, 0.020)
-CLOCK_UNDER_GPU_S = 0.060
 
 
 def events_disagreement(step_s: list[float], timed_s: float) -> str | None:
@@ -200,10 +199,9 @@ class ABRunner:
         self._check(worker, reply)
         # an older code tree's ranked worker sends no timed_s, and its per-step maxima may sum past the window
         spec = self.specs[side]
-        slack = CLOCK_UNDER_GPU_S if spec.device.startswith("cuda") else CLOCK_UNDER[1]
         problem = None if "timed_s" not in reply and spec.ranks > 1 else clock_disagreement(
-            block.worker_s, seconds, slack) or (events_disagreement(reply["step_s"], block.worker_s)
-                                                if spec.ranks <= 1 else None)
+            block.worker_s, seconds) or (events_disagreement(reply["step_s"], block.worker_s) if spec.ranks <= 1
+                                         else None)
         if problem is not None:
             raise SideFailed(worker.label, "clock", problem)
         return block

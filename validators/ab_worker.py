@@ -17,9 +17,10 @@ it was warm, so the parent can split its start-up; ``build_parts``: the session'
 * ``{"cmd": "run", "steps": k, "drain": bool}`` runs k steps (after a drain when asked, as older runners did)
   and answers ``{"step_s": [...], "timed_s": s, "loss_finite": bool, "drained": n}``: per-step seconds from
   CUDA events on a GPU, perf_counter on the CPU, the device synchronised at the block's end (``run_block``),
-  and ``timed_s`` the host's perf_counter window around them (a ranked job's: its slowest rank's own). On a GPU
-  the events' sum may fall short of that window (work on a stream the events are not recorded on), so the window,
-  not the sum, is what the parent's clock checks;
+  and ``timed_s`` the host's perf_counter window around them and their losses' read-back (a ranked job's: its
+  slowest rank's own; the read-back's first call loaded CUDA modules for 31 ms on an H100, outside any earlier
+  window). On a GPU the events' sum may fall short of that window (work on a stream the events are not recorded
+  on), so the window, not the sum, is what the parent's clock checks;
 * ``{"cmd": "check"}`` runs one untimed step in which every call of a replaced kernel is checked against its
   slot's reference (``targets.spot_check.checked_step``; a kernel that turns wrong after its validation, e.g. a
   cached output after 120 honest calls, fails as ``spot-check``) and answers ``{"spot_checks": n}``;
@@ -100,8 +101,9 @@ def run_block(session: Session, device: torch.device, steps: int, drain: bool = 
     drained = drain_bank(session, device)["drained"] if drain else 0
     start = time.perf_counter()
     step_s, losses = time_steps(session, device, steps)
+    finite = all_finite(losses)  # inside the window: the parent's clock counts the read-back too
     timed_s = time.perf_counter() - start
-    return {"step_s": step_s, "timed_s": timed_s, "loss_finite": all_finite(losses), "drained": drained}
+    return {"step_s": step_s, "timed_s": timed_s, "loss_finite": finite, "drained": drained}
 
 
 def all_finite(losses: list[Any]) -> bool:
