@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from targets.haste_rec.row_ops import TableLayout
+    from targets.haste_rec.embeddings.row_ops import TableLayout
     from targets.haste_rec.target import training_data
 
     torch.set_num_threads(1)  # as a loader worker (shared_ring._worker, DataLoader workers)

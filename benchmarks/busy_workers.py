@@ -3,7 +3,7 @@ entries: a host-bound step's pattern, e.g. a device cache's bookkeeping) beside 
 workers drawing batches), with torch's threads on every core or leaving one core to each busy process.
 
 With every core taken by an OpenMP team, a busy process preempts one of its threads, and every parallel region
-waits at its barrier for that thread's next time slice. ``targets.haste_rec.loader.leave_cores_to_workers``
+waits at its barrier for that thread's next time slice. ``targets.haste_rec.data.loader.leave_cores_to_workers``
 is why this exists.
 
     python benchmarks/busy_workers.py [--rounds 2] [--reps 15]

@@ -1,7 +1,7 @@
 """Miss rate of the embedding row cache: frequency-planned vs uniform budget split, LRU and LFU.
 
 The trainer's cached placement splits one device-cache budget across tables either uniformly or by
-measured access frequency (targets.haste_rec.cache_plan). This script measures what the planned
+measured access frequency (targets.haste_rec.cache.cache_plan). This script measures what the planned
 split buys on the trainer's own synthetic workload (several tables of different size and Zipf
 skew): it plans on one window of training batches, then replays a separate, later window through
 the real RowCache of every table and counts misses after a warm-up. Prints a Markdown table.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from targets.haste_rec.batch import Batch
-from targets.haste_rec.cache_plan import plan_by_frequency, plan_uniform
-from targets.haste_rec.data import SyntheticData, SyntheticSpec
-from targets.haste_rec.row_cache import RowCache
+from targets.haste_rec.cache.cache_plan import plan_by_frequency, plan_uniform
+from targets.haste_rec.cache.row_cache import RowCache
+from targets.haste_rec.data.batch import Batch
+from targets.haste_rec.data.data import SyntheticData, SyntheticSpec
 from targets.haste_rec.sizes import SIZES, HasteRecSize
 
 BUDGETS = (0.05, 0.10, 0.20)

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from targets.haste_rec.row_cache import RowCache
-from targets.haste_rec.table_caches import TableCaches
+from targets.haste_rec.cache.row_cache import RowCache
+from targets.haste_rec.cache.table_caches import TableCaches
 
 CPU = torch.device("cpu")
 

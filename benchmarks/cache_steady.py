@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from targets.haste_rec import build_cache
-from targets.haste_rec.embedding_config import CPU
+from targets.haste_rec.cache import build_cache
+from targets.haste_rec.cache.shared_slot_rows import SharedSlotRows
+from targets.haste_rec.cache.table_caches import TableCaches, replay_until_full
+from targets.haste_rec.embeddings.embedding_config import CPU
+from targets.haste_rec.embeddings.row_ops import TableLayout, unique_ids
 from targets.haste_rec.model import synthetic_data
-from targets.haste_rec.row_ops import TableLayout, unique_ids
 from targets.haste_rec.sizes import get_size
-from targets.haste_rec.shared_slot_rows import SharedSlotRows
-from targets.haste_rec.table_caches import TableCaches, replay_until_full
 
 
 def _adopted(replayed: TableCaches, table_rows, capacities, eviction: str) -> str:

@@ -30,9 +30,10 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from targets.haste_rec import cache_overlap, cache_prefetch, embedding_rows, embeddings, row_cache
 from targets.haste_rec import session as session_mod
-from targets.haste_rec import dense_graph, optimizers, table_caches
+from targets.haste_rec import dense_graph, optimizers
+from targets.haste_rec.cache import cache_overlap, cache_prefetch, row_cache, table_caches
+from targets.haste_rec.embeddings import embedding_rows, embeddings
 from sg_opt.config import build_overrides
 from targets.registry import resolve_target
 from targets.worker import build_session, open_device, sync_device

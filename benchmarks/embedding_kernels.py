@@ -88,7 +88,8 @@ class Bench:
     """One shape's inputs and timer: ids, offsets, rows (shared by every implementation), d(pooled)."""
 
     def __init__(self, shape: dict, device: torch.device, repeats: int, warmup: int, seed: int = 0):
-        from targets.haste_rec.embedding_slots import bag_inputs, fused_update_cost, pool_forward_cost, rows_read_bytes
+        from targets.haste_rec.embeddings.embedding_slots import (bag_inputs, fused_update_cost, pool_forward_cost,
+                                                                  rows_read_bytes)
         self.shape, self.device, self.repeats, self.warmup = shape, device, repeats, warmup
         # byte models first, from the shape alone
         self.rows_read = rows_read_bytes(shape, torch.float32)
@@ -122,7 +123,7 @@ class Bench:
 
 def torch_fused_step(b: Bench) -> None:
     """The store's embedding_backend torch, grad mode fused: row_ops end to end."""
-    from targets.haste_rec.row_ops import apply_rowwise_adagrad_, make_lookup, pool, row_gradients
+    from targets.haste_rec.embeddings.row_ops import apply_rowwise_adagrad_, make_lookup, pool, row_gradients
     lookup = make_lookup(b.ids, b.offsets, None, b.device)
     pool(b.ids, b.rows, lookup.offsets, None)
     grads = row_gradients(b.grad, lookup)
@@ -132,8 +133,8 @@ def torch_fused_step(b: Bench) -> None:
 def triton_fused_step(b: Bench, config=None) -> None:
     """embedding_backend triton, grad mode fused: the pooled forward, then the fused update in place
     (``config``: an ``EmbeddingKernelConfig``, default the kernels' own)."""
-    from targets.haste_rec.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update_,
-                                                    embedding_pool_forward)
+    from targets.haste_rec.embeddings.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update_,
+                                                               embedding_pool_forward)
     config = config or DEFAULT_EMBEDDING_CONFIG
     embedding_pool_forward(b.ids, b.offsets, None, b.rows, config=config)
     embedding_fused_update_(b.ids, b.offsets, None, b.grad, b.rows, b.state, LR, EPS, config=config)
@@ -142,9 +143,9 @@ def triton_fused_step(b: Bench, config=None) -> None:
 def check(b: Bench, config=None) -> dict[str, float]:
     """Triton (at ``config``, default the kernels' own) against torch at this shape, before anything is
     timed: max error / max |torch|."""
-    from targets.haste_rec.embedding_slots import fused_update_reference
-    from targets.haste_rec.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update,
-                                                    embedding_pool_forward)
+    from targets.haste_rec.embeddings.embedding_slots import fused_update_reference
+    from targets.haste_rec.embeddings.triton_embedding import (DEFAULT_EMBEDDING_CONFIG, embedding_fused_update,
+                                                               embedding_pool_forward)
     config = config or DEFAULT_EMBEDDING_CONFIG
 
     def rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -161,7 +162,7 @@ def tune(b: Bench, grid: tuple) -> list[dict]:
     """One row per (tile_elements, num_warps, num_stages) of grid: the median ms of each of ``TUNE_OPS``
     (or the name of the error it raised, or ``WRONG``) and the point's max relative error against torch."""
     from benchmarks.kernels import _median_or_error
-    from targets.haste_rec.triton_embedding import EmbeddingKernelConfig, embedding_pool_forward
+    from targets.haste_rec.embeddings.triton_embedding import EmbeddingKernelConfig, embedding_pool_forward
     rows = []
     for point in grid:
         row = dict(zip(TUNE_KEYS, point))
@@ -184,7 +185,7 @@ def tune(b: Bench, grid: tuple) -> list[dict]:
 
 def measure(b: Bench, full: bool) -> list[Result]:
     """The forward pair and the training-step comparisons (``full``: also the dense EmbeddingBag steps)."""
-    from targets.haste_rec.triton_embedding import embedding_pool_forward
+    from targets.haste_rec.embeddings.triton_embedding import embedding_pool_forward
     out: list[Result] = []
     with torch.no_grad():
         out.append(b.time("nn.EmbeddingBag forward", "forward",

@@ -37,8 +37,8 @@ def sweep(shape: dict, dtypes: tuple[torch.dtype, ...], grid: tuple, device: tor
     or the error's name; 16-bit dtypes ignore the precision, so they get one row per config."""
     from benchmarks.kernels import _median_or_error, _tail_inputs
     from profilers.fine import _flush_buffer
-    from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
-    from targets.haste_rec.triton_tail import TailKernelConfig
+    from targets.haste_rec.tail.triton_fused_bce import tail_fused_bce_triton
+    from targets.haste_rec.tail.triton_tail import TailKernelConfig
 
     flush = _flush_buffer(device)
     rows = []

@@ -255,9 +255,9 @@ part_kernels() {
     if [[ "$parts" == *" tests "* ]]; then
         echo "== CUDA tests of the Triton kernels and backends"
         timeout 280 python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::DeprecationWarning \
-            tests/haste_rec/test_triton_tail.py tests/haste_rec/test_triton_tail_fused.py \
-            tests/haste_rec/test_triton_tail_perlabel.py tests/haste_rec/test_triton_tail_trainer.py \
-            tests/haste_rec/test_haste.py tests/haste_rec/test_triton_embedding.py tests/benchmarks \
+            tests/haste_rec/tail/test_triton_tail.py tests/haste_rec/tail/test_triton_tail_fused.py \
+            tests/haste_rec/tail/test_triton_tail_perlabel.py tests/haste_rec/tail/test_triton_tail_trainer.py \
+            tests/haste_rec/tail/test_haste.py tests/haste_rec/embeddings/test_triton_embedding.py tests/benchmarks \
             > "$OUT/cuda_kernel_tests.txt" 2>&1
         tail -3 "$OUT/cuda_kernel_tests.txt"; grep -E "^(FAILED|ERROR)" "$OUT/cuda_kernel_tests.txt" | head -20
     fi
@@ -397,7 +397,7 @@ part_checks() {
     # shellcheck disable=SC2016  # the inner shell expands $r
     timed checks pressure 5 bash -c 'for r in cpu memory io; do echo "$r: $(head -1 /proc/pressure/$r)"; done'
     timed checks tests 240 python3 -m pytest -o addopts="" -q -p no:cacheprovider \
-        tests/haste_rec/test_row_ops_staging.py tests/validators/test_prestart.py \
+        tests/haste_rec/embeddings/test_row_ops_staging.py tests/validators/test_prestart.py \
         tests/validators/test_banked_steps.py tests/validators/test_machine_pressure.py
     timed checks host_tables 150 python3 benchmarks/host_tables.py --size "$SIZE" --device "$DEVICE"
     for threads in 16 1; do
@@ -428,8 +428,8 @@ part_joint_moves() {
     SIZE=${SIZE:-large-cached}; BASE=${BASE:-.carry/base}
     CONFIG=${CONFIG:-docs/results/2026-12-04-h200-cached-headroom-s30/call4/best_plus.toml}
     mkdir -p "$OUT/joint_moves"
-    timed joint_moves tests 200 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/haste_rec/test_cache.py \
-        tests/haste_rec/test_cache_prefetch.py tests/haste_rec/test_cache_overlap.py
+    timed joint_moves tests 200 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/haste_rec/cache/test_cache.py \
+        tests/haste_rec/cache/test_cache_prefetch.py tests/haste_rec/cache/test_cache_overlap.py
     timed joint_moves gate 330 python3 -m sg_opt.cli gate --size "$SIZE" --device cuda --config "$CONFIG" \
         --ref-tree "$BASE" --numerics-class exact --blocks 20 --block-steps 40 --json
     timed joint_moves embed_host 120 python3 benchmarks/embed_host.py --size "$SIZE" --device cuda --config "$CONFIG"
@@ -494,7 +494,7 @@ part_knob_ab() {
 part_cache_overlap() {
     SET="embedding_cache_overlap = true"
     BASE=${BASE:-docs/results/2026-12-02-h200-large-cached-s20/best_config.toml}
-    TESTS=${TESTS:-"tests/haste_rec/test_cache.py tests/haste_rec/test_embeddings.py tests/haste_rec/test_cache_overlap.py"}
+    TESTS=${TESTS:-"tests/haste_rec/cache/test_cache.py tests/haste_rec/embeddings/test_embeddings.py tests/haste_rec/cache/test_cache_overlap.py"}
     part_knob_ab
 }
 
@@ -509,8 +509,8 @@ part_graphs() {
     if [ "${TESTS:-1}" = 1 ]; then
         echo "== tests"
         timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::DeprecationWarning \
-            tests/haste_rec/test_dense_graph.py tests/haste_rec/test_triton_tail_trainer.py \
-            tests/haste_rec/test_embeddings.py > "$OUT/tests.txt" 2>&1
+            tests/haste_rec/test_dense_graph.py tests/haste_rec/tail/test_triton_tail_trainer.py \
+            tests/haste_rec/embeddings/test_embeddings.py > "$OUT/tests.txt" 2>&1
         echo "rc $?"; tail -5 "$OUT/tests.txt"
     fi
     local graph="$OUT/best_graph.toml"

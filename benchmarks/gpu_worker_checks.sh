@@ -7,7 +7,7 @@
 #   worker starts as a plain subprocess;
 # - timing workers started during validation (tests/validators/test_prestart.py: on the GPU, beside a numerics
 #   run, then adopted by the measurement); on failure SG_OPT_PRESTART=0;
-# - packed batches through the loader's shared slots (tests/haste_rec/test_shared_ring.py: pinned and prefetched
+# - packed batches through the loader's shared slots (tests/haste_rec/data/test_shared_ring.py: pinned and prefetched
 #   on the GPU with two and four workers, bitwise the training without workers, and timing workers that each
 #   start a ring of four and measure); on failure SG_OPT_LOADER_RING=0.
 set -uo pipefail
@@ -25,4 +25,4 @@ OUT_FILE=$1; : > "$OUT_FILE"
 echo "== /dev/shm (the loader's shared slots live there): $(df -h /dev/shm 2>/dev/null | tail -1)" >> "$OUT_FILE"
 check SG_OPT_FORK_SERVER tests/test_fork_server.py tests/test_digest.py
 check SG_OPT_PRESTART tests/validators/test_prestart.py
-check SG_OPT_LOADER_RING tests/haste_rec/test_shared_ring.py
+check SG_OPT_LOADER_RING tests/haste_rec/data/test_shared_ring.py

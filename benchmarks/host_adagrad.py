@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from targets.haste_rec.row_ops import apply_rowwise_adagrad_
+from targets.haste_rec.embeddings.row_ops import apply_rowwise_adagrad_
 
 LR, EPS = 0.01, 1e-8
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from targets.haste_rec.row_ops import TableLayout
+from targets.haste_rec.embeddings.row_ops import TableLayout
 from targets.haste_rec.sizes import get_size
 
 

@@ -113,8 +113,8 @@ def _add(*costs: FlopsBytes) -> FlopsBytes:
 
 def _tail_inputs(cfg: dict, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> tuple:
     """(shape dict, h, idx, w, bias, dz, positives' rows and cols, CSR) of one benchmark config."""
-    from targets.haste_rec import tail_slots as ts
-    from targets.haste_rec.triton_tail_backward import build_slot_csr
+    from targets.haste_rec.tail import tail_slots as ts
+    from targets.haste_rec.tail.triton_tail_backward import build_slot_csr
 
     B, Ht, L, Fi, G = (cfg[k] for k in ("B", "Ht", "L", "F", "G"))
     K, P = L // G, POSITIVES_PER_ROW * B
@@ -134,9 +134,9 @@ def _times_ms(fn: Callable[[], object], device: torch.device, warmup: int, repea
 def tune(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warmup: int,
          flush: torch.Tensor | None, grid: tuple) -> list[dict]:
     """Median ms of the group-tile kernels at each (block_b, num_warps, num_stages) of grid."""
-    from targets.haste_rec.triton_fused_bce import tail_fused_bce_triton
-    from targets.haste_rec.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
-    from targets.haste_rec.triton_tail_backward import tail_backward_input_triton
+    from targets.haste_rec.tail.triton_fused_bce import tail_fused_bce_triton
+    from targets.haste_rec.tail.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
+    from targets.haste_rec.tail.triton_tail_backward import tail_backward_input_triton
 
     shape, h, idx, w, bias, dz, rows, cols, csr = _tail_inputs(cfg, dtype, device,
                                                                torch.Generator(device=device).manual_seed(0))
@@ -169,13 +169,13 @@ def _median_or_error(fn: Callable[[], object], device: torch.device, warmup: int
 
 def run_config(cfg: dict, dtype: torch.dtype, device: torch.device, repeats: int, warmup: int,
                roof: Roof, flush: torch.Tensor | None) -> dict:
-    from targets.haste_rec import tail_slots as ts
-    from targets.haste_rec.triton_fused_bce import tail_fused_bce_traffic, tail_fused_bce_triton
-    from targets.haste_rec.triton_perlabel import (perlabel_backward_input_triton, perlabel_backward_weight_triton,
-                                                   perlabel_forward_triton)
-    from targets.haste_rec.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
-    from targets.haste_rec.triton_tail_backward import (build_slot_csr, tail_backward_input_atomic,
-                                                        tail_backward_input_traffic, tail_backward_input_triton)
+    from targets.haste_rec.tail import tail_slots as ts
+    from targets.haste_rec.tail.triton_fused_bce import tail_fused_bce_traffic, tail_fused_bce_triton
+    from targets.haste_rec.tail.triton_perlabel import (perlabel_backward_input_triton, perlabel_backward_weight_triton,
+                                                        perlabel_forward_triton)
+    from targets.haste_rec.tail.triton_tail import TailKernelConfig, tail_backward_weight_triton, tail_forward_triton
+    from targets.haste_rec.tail.triton_tail_backward import (build_slot_csr, tail_backward_input_atomic,
+                                                             tail_backward_input_traffic, tail_backward_input_triton)
 
     gen = torch.Generator(device=device).manual_seed(0)
     shape, h, idx, w, bias, dz, rows, cols, csr = _tail_inputs(cfg, dtype, device, gen)

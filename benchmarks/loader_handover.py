@@ -1,7 +1,7 @@
 """How long the trainer waits to take one batch from its loader workers, with their queues full.
 
 With ``data_workers`` > 0 a packed batch crosses from a worker process to the trainer through a shared slot made
-once (``targets.haste_rec.shared_ring``; ``SG_OPT_LOADER_RING=0``: as a DataLoader storage, one hand-over of a
+once (``targets.haste_rec.data.shared_ring``; ``SG_OPT_LOADER_RING=0``: as a DataLoader storage, one hand-over of a
 file descriptor, a socket round trip and a mapping per storage); the trainer pays for it in its data phase,
 every step. This times ``next()`` on the trainer's batch stream after the workers have had time to
 fill their queues, so building batches is not what is timed (on a 2-core machine the workers do compete for

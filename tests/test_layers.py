@@ -10,6 +10,9 @@ Within the layers, no two project modules import each other, directly or round a
 function (a deferred import hides a cycle without breaking it: the two halves still cannot be read, tested or
 moved apart). Imports under ``if TYPE_CHECKING:`` never run and are not counted. And no module imports another's
 ``_private`` name: what two modules share is public where it is defined.
+
+Inside the bundled trainer, its parts (subpackages) import only the parts listed below them, never the modules that
+compose them (its top level, ``distributed``): each part can be read and tested on its own.
 """
 
 from __future__ import annotations
@@ -217,3 +220,47 @@ def test_the_cycle_and_privacy_checks_see_a_breach():
                                                                "pkg.c -> pkg.a (line 1)")
     assert private_imports("pkg.c", trees["pkg.c"], trees, {"pkg"}) == ["line 1: _helper from pkg.a"]
     assert private_imports("pkg.a", trees["pkg.a"], trees, {"pkg"}) == []
+
+
+# ----------------------------------------------------------------------------- the trainer's parts
+
+# part -> the other parts it may import; the top-level modules and distributed/ compose them and may import any
+TRAINER_PARTS = {
+    f"{TRAINER}.data": (),
+    f"{TRAINER}.cache": (),
+    f"{TRAINER}.tail": (),
+    f"{TRAINER}.embeddings": (f"{TRAINER}.data", f"{TRAINER}.cache"),
+}
+
+
+def part_of(name: str, parts: Collection[str]) -> str | None:
+    return next((part for part in parts if name == part or name.startswith(part + ".")), None)
+
+
+def part_breaches(name: str, imports: Mapping[str, int], parts: Mapping[str, Collection[str]], root: str) -> list[str]:
+    """Each import of ``name`` (a module of a part) that reaches a trainer module outside its part and the parts
+    it may import."""
+    own = part_of(name, parts)
+    allowed = (own, *parts[own])
+    return [f"line {line}: {target}" for target, line in sorted(imports.items())
+            if target.startswith(root + ".") and part_of(target, allowed) is None]
+
+
+def test_the_trainers_parts_exist():
+    modules = project_modules()
+    assert all(part in modules for part in TRAINER_PARTS), sorted(set(TRAINER_PARTS) - set(modules))
+
+
+@pytest.mark.parametrize("name", sorted(name for name in project_modules() if part_of(name, TRAINER_PARTS)))
+def test_a_trainer_part_imports_only_the_parts_below_it(name):
+    trees, packages = project_trees()
+    graph = import_graph(trees, packages)
+    breaches = part_breaches(name, graph[name], TRAINER_PARTS, TRAINER)
+    assert not breaches, f"{name} ({part_of(name, TRAINER_PARTS)}) imports beyond its part: {breaches}"
+
+
+def test_the_parts_check_sees_a_breach():
+    parts = {"t.low": (), "t.high": ("t.low",)}
+    assert part_breaches("t.high.a", {"t.low.b": 3, "t.high.c": 4, "os": 1}, parts, "t") == []
+    assert part_breaches("t.low.b", {"t.high.a": 2, "t.session": 5}, parts, "t") == ["line 2: t.high.a",
+                                                                                      "line 5: t.session"]

@@ -74,7 +74,7 @@ class DenseGraphs:
     """encoder -> head -> tail + loss -> head loss of a ``HasteRecSession``, replayed as CUDA graphs."""
 
     def __init__(self, session):
-        from targets.haste_rec.triton_fused_bce import resolve_positives_format
+        from targets.haste_rec.tail.triton_fused_bce import resolve_positives_format
         size = session.model.output.group_size
         if resolve_positives_format("auto", size) != "bits":
             raise ConfigError(f"dense_cuda_graph needs the tail's positives as a bitmask (groups of at most 64 "
@@ -98,7 +98,7 @@ class DenseGraphs:
 
     def _capture(self, pooled: torch.Tensor, dense: torch.Tensor, bits: torch.Tensor,
                  targets: torch.Tensor) -> None:
-        from targets.haste_rec.triton_tail_backward import slot_csr
+        from targets.haste_rec.tail.triton_tail_backward import slot_csr
         s = self.session
         out = s.model.output
         self.parts = None  # the old graphs' memory goes before the new ones take theirs
@@ -118,7 +118,7 @@ class DenseGraphs:
 
     def loss(self, batch) -> torch.Tensor:
         """The fused-loss step's loss (``HasteRecSession.fused_loss``) through the graphs, each in its phase."""
-        from targets.haste_rec.triton_fused_bce import tail_positive_bits
+        from targets.haste_rec.tail.triton_fused_bce import tail_positive_bits
         s = self.session
         phase, out, batch_size = s.timer, s.model.output, batch.batch_size
         with phase("embed"):

@@ -13,15 +13,15 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from targets.haste_rec import build_cache
-from targets.haste_rec import data as data_module
-from targets.haste_rec import grouping as grouping_module
-from targets.haste_rec.data import SyntheticData, SyntheticSpec
-from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore, check_budget, least_device_bytes
-from targets.haste_rec.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
-from targets.haste_rec.haste import HasteOutput
+from targets.haste_rec.cache import build_cache
+from targets.haste_rec.data import data as data_module
+from targets.haste_rec.data.data import SyntheticData, SyntheticSpec
+from targets.haste_rec.embeddings.embeddings import EmbeddingConfig, EmbeddingStore, check_budget, least_device_bytes
 from targets.haste_rec.knobs import PRESET, tail_dot_precision
 from targets.haste_rec.sizes import HasteRecSize, get_size
+from targets.haste_rec.tail import grouping as grouping_module
+from targets.haste_rec.tail.grouping import group_by_frequency, group_random, group_semantic, split_head_tail
+from targets.haste_rec.tail.haste import HasteOutput
 from targets.protocol import BuildClock
 
 PLAN_BATCHES = 64        # training batches whose id counts plan the embedding cache

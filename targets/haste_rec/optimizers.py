@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from targets.haste_rec.haste import zero_rewired_state
+from targets.haste_rec.tail.haste import zero_rewired_state
 
 ENCODER_LR, OUTPUT_LR, OUTPUT_MOMENTUM = 3e-3, 0.5, 0.9
 REWIRE_FRACTION = 0.1

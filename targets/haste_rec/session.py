@@ -16,15 +16,15 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
+from targets.haste_rec.data.loader import DeviceBatches
 from targets.haste_rec.dense_graph import DenseGraphs, check_dense_graph
-from targets.haste_rec.haste import check_backend_device
-from targets.haste_rec.loader import DeviceBatches
+from targets.haste_rec.embeddings.row_ops import TableLayout
 from targets.haste_rec.metrics import propensity_scores, topk_metrics
 from targets.haste_rec.model import HasteRecModel, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms
-from targets.haste_rec.row_ops import TableLayout
 from targets.haste_rec.sizes import HasteRecSize
+from targets.haste_rec.tail.haste import check_backend_device
 from targets.haste_rec.work_model import step_work
 from targets.digest import sequence_digest, sq_norm
 from targets.protocol import BuildClock, PhaseTimer, PhaseWork

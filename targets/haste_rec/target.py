@@ -7,7 +7,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
+from targets.haste_rec.data.xc_format import XCDataset, XCFormatError, read_xc
+from targets.haste_rec.embeddings.embedding_slots import EMBEDDING_SLOTS
 from targets.haste_rec.headroom import haste_headroom
 from targets.haste_rec.host_threads import apply_host_threads
 from targets.haste_rec.knobs import KNOB_SPACE
@@ -16,8 +17,7 @@ from targets.haste_rec.rules import RULES
 from targets.haste_rec.session import PHASES, HasteRecSession
 from targets.haste_rec.sizes import SIZES, HasteRecSize, get_size
 from targets.haste_rec.slot_shapes import SLOT_PHASES, slot_dtype, slot_shapes
-from targets.haste_rec.tail_slots import TAIL_SLOTS
-from targets.haste_rec.xc_format import XCDataset, XCFormatError, read_xc
+from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
 from targets.protocol import BuildClock, ConfigError, QualityMetric, Target
 
 

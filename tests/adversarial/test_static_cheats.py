@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import validators.kernel_worker as kernel_worker
-from targets.haste_rec.tail_slots import TAIL_SLOTS
+from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
 from validators.kernel_file import validate_kernel_file
 
 KERNELS = Path(__file__).parent / "kernels"

@@ -8,12 +8,12 @@ is exchanged, so the blocks (an empty one included) are checked directly.
 import pytest
 import torch
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
 from targets.haste_rec.distributed.exchange import RowWiseInputDist
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.distributed.sharded_embeddings import RowWiseEmbeddings
-from targets.haste_rec.embedding_config import EmbeddingConfig
-from targets.haste_rec.embeddings import EmbeddingStore
+from targets.haste_rec.embeddings.embedding_config import EmbeddingConfig
+from targets.haste_rec.embeddings.embeddings import EmbeddingStore
 from targets.protocol import ConfigError
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from targets.haste_rec.distributed.plan import ShardingPlan
 from targets.haste_rec.distributed.sharded_tail import _GatherRows, all_gather_padded
-from targets.haste_rec.haste import HasteOutput, zero_rewired_state
+from targets.haste_rec.tail.haste import HasteOutput, zero_rewired_state
 
 H, TAIL_DIMS, FAN_IN, GROUP_SIZE, NUM_GROUPS = 24, 20, 6, 4, 7
 

@@ -12,7 +12,7 @@ from targets.haste_rec.dense_graph import check_dense_graph
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.target import build
 from targets.protocol import ConfigError
-from tests.haste_rec.test_triton_tail import GPU_ONLY
+from tests.haste_rec.tail.test_triton_tail import GPU_ONLY
 from tests.haste_rec.test_trainer import one_thread  # noqa: F401 (autouse fixture: bitwise-repeatable sums)
 
 FUSED = {"tail_backend": "triton-fused-loss"}
@@ -95,7 +95,7 @@ def test_the_graphed_step_computes_the_eager_step_on_the_cpu(monkeypatch):
     eager one bit for bit. Groups of 16: half as many tail groups, each a slow program in the interpreter."""
     import targets.haste_rec.dense_graph as dense_graph
     import targets.haste_rec.session as session_module
-    from targets.haste_rec.triton_tail import interpreter_active
+    from targets.haste_rec.tail.triton_tail import interpreter_active
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if not interpreter_active():
         pytest.skip("Triton's interpreter was not enabled before the kernels were imported")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from targets.haste_rec.embeddings import EmbeddingConfig, EmbeddingStore
+from targets.haste_rec.embeddings.embeddings import EmbeddingConfig, EmbeddingStore
 from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import hbm_budget_bytes
 from targets.haste_rec.sizes import get_size
@@ -52,7 +52,7 @@ def test_the_knob_reaches_the_trainer():
 def test_the_least_device_memory_known_before_the_build_never_exceeds_what_the_build_needs(plan, fraction, floor):
     """The static bound takes every table's uniform share with a floor of one row; the build's floors (a batch's
     distinct ids) and the planned split only raise or move rows, never lower their total."""
-    from targets.haste_rec.embeddings import least_device_bytes
+    from targets.haste_rec.embeddings.embeddings import least_device_bytes
     counts = [torch.arange(rows, 0, -1) for rows in ROWS]  # skewed access counts for the planned split
     cfg = EmbeddingConfig(placement="cached", grad_mode="fused", cache_fraction=fraction,
                           opt_state_cache_fraction=fraction / 2 if fraction > 0.001 else fraction, cache_plan=plan)

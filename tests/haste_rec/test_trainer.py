@@ -9,9 +9,9 @@ import statistics
 import pytest
 import torch
 
-from targets.haste_rec.embeddings import EmbeddingStore
-from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec import model as model_module
+from targets.haste_rec.embeddings.embeddings import EmbeddingStore
+from targets.haste_rec.knobs import KNOB_SPACE
 from targets.haste_rec.model import tail_kernel_config
 from targets.haste_rec.session import _ones_at
 from targets.haste_rec.sizes import SIZES
@@ -108,7 +108,7 @@ def test_data_workers_give_identical_batches():
 def test_the_trainer_leaves_a_core_to_each_loader_worker(monkeypatch, threads, workers, left):
     """With 8 CPUs and 8 threads, two loader workers leave the trainer 6 (an OpenMP team over every core stalls
     beside busy processes: loader.leave_cores_to_workers); a single thread, as numerics runs use, stays one."""
-    import targets.haste_rec.loader as loader
+    import targets.haste_rec.data.loader as loader
     monkeypatch.setattr(loader, "cpu_count", lambda: 8)
     torch.set_num_threads(threads)
     losses = train({"data_workers": workers}, steps=2)[0]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from targets.haste_rec.embedding_slots import EMBEDDING_SLOTS
-from targets.haste_rec.tail_slots import TAIL_SLOTS
+from targets.haste_rec.embeddings.embedding_slots import EMBEDDING_SLOTS
+from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
 from validators.source import ALLOWED_MODULES, MODULES, NAMESPACES, check_source
 
 CANDIDATES = Path(__file__).parent / "candidates"
@@ -338,14 +338,15 @@ def _kernel_level(path: Path) -> tuple[str, set[str]]:
 
 @pytest.mark.parametrize("module,launcher", sorted(REAL_LAUNCHERS.items()))
 def test_the_projects_triton_kernels_pass_as_candidates(module, launcher):
-    source, kernels = _kernel_level(REAL_KERNELS / f"{module}.py")
+    (path,) = REAL_KERNELS.rglob(f"{module}.py")
+    source, kernels = _kernel_level(path)
     assert kernels and launcher in source
     verdict = check_source(source, launcher)
     assert verdict.ok, verdict.violations
 
 
 def test_every_triton_kernel_module_the_project_ships_is_covered():
-    shipped = {p.stem for p in REAL_KERNELS.glob("*.py") if "@triton.jit" in p.read_text(encoding="utf-8")}
+    shipped = {p.stem for p in REAL_KERNELS.rglob("*.py") if "@triton.jit" in p.read_text(encoding="utf-8")}
     assert shipped == set(REAL_LAUNCHERS)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from targets.haste_rec.tail_slots import TAIL_SLOTS
+from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
 from targets.protocol import ConfigError
 from targets.spot_check import (CheckedKernel, SpotCheckFailed, checked_calls, checked_step, every_call_checked,
                                 tolerances_from)

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from targets.haste_rec.haste import HasteOutput, check_backend_device
 from targets.haste_rec.model import Encoder, ModelShape, label_layout, tail_kernel_config
 from targets.haste_rec.sizes import HasteRecSize
+from targets.haste_rec.tail.haste import HasteOutput, check_backend_device
 
 if TYPE_CHECKING:
     from targets.haste_rec.distributed.sharded_tail import LabelGroupTail

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
 from targets.haste_rec.distributed.plan import ShardingPlan
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
+from targets.haste_rec.data.loader import BatchSource
 from targets.haste_rec.knobs import KNOB_SPACE
-from targets.haste_rec.loader import BatchSource
 from targets.protocol import ConfigError
 
 EMBEDDING_SHARDINGS = KNOB_SPACE["embedding_sharding"].choices

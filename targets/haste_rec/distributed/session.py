@@ -42,13 +42,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
 from targets.haste_rec.distributed.dense import build_tower, data_parallel
 from targets.haste_rec.distributed.exchange import all_gather_padded
 from targets.haste_rec.distributed.plan import RankSamples, ShardingPlan, check_ranked_config, sample_counts
 from targets.haste_rec.distributed.process_group import RankContext
-from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings,
-                                                             TableWiseEmbeddings)
+from targets.haste_rec.distributed.sharded_embeddings import (RowWiseEmbeddings, ShardedEmbeddings, TableWiseEmbeddings)
 from targets.haste_rec.distributed.sharded_tail import LabelGroupTail
 from targets.haste_rec.model import cache_plan_inputs, embedding_config
 from targets.haste_rec.optimizers import Optimizers, grad_norms

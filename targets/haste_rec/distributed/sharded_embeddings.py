@@ -18,13 +18,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from targets.haste_rec.batch import Batch
+from targets.haste_rec.data.batch import Batch
 from targets.haste_rec.distributed.exchange import (RowWiseInputDist, RowWiseOutputDist, TableWiseInputDist,
                                                     TableWiseOutputDist, sum_over_ranks)
 from targets.haste_rec.distributed.plan import ShardingPlan
-from targets.haste_rec.embedding_config import EmbeddingConfig
-from targets.haste_rec.embeddings import EmbeddingStore
-from targets.haste_rec.row_ops import TableLayout
+from targets.haste_rec.embeddings.embedding_config import EmbeddingConfig
+from targets.haste_rec.embeddings.embeddings import EmbeddingStore
+from targets.haste_rec.embeddings.row_ops import TableLayout
 from targets.digest import sq_norm
 from targets.protocol import ConfigError
 

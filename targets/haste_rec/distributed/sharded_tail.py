@@ -33,7 +33,7 @@ from torch.autograd import Function
 
 from targets.haste_rec.distributed.exchange import all_gather_padded, padded_to, sum_over_ranks
 from targets.haste_rec.distributed.plan import ShardingPlan
-from targets.haste_rec.haste import HasteOutput
+from targets.haste_rec.tail.haste import HasteOutput
 
 
 def reduce_scatter_rows(full: torch.Tensor, counts: list[int], rank: int, group: Any) -> torch.Tensor:
