@@ -427,7 +427,7 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="print the summary (or the comparison) as JSON"),
 ) -> None:
     """Rewrite a run's report.md, report.html, summary.json, best_config.toml and best_kernels/ from its
-    directory alone (read from its last checkpoint, nothing re-measured), or compare two runs side by side.
+    directory alone (read from its state.json, nothing re-measured), or compare two runs side by side.
 
     Example: sg-opt report runs/20261129-121111-haste-rec-small-offline
     Example: sg-opt report runs/RUN_NORMAL runs/RUN_ULTRA --out normal-vs-ultra

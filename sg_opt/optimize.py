@@ -24,12 +24,13 @@ from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run, refuse_restart
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
 from sg_opt.tiers import load_tiers
-from state_machine import graph
+from state_machine import events, graph
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.registry import check_proposer
 from state_machine.state import EvalPlan, Limits, RunState
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
+from validators.started_ahead import WorkerPool
 
 
 def check_gpus(gpus: int, ranks: int, device: str) -> None:
@@ -71,7 +72,7 @@ def build_context(request: RunRequest, run_dir: Path,
                             reasoning_effort=tier.reasoning_effort, max_output_tokens=tier.max_output_tokens,
                             reply_repairs=tier.reply_repairs, kernel_repairs=tier.kernel_repairs)
     ctx = RunContext(target=target, policy=policy, llm=llm, ledger=ledger,
-                     write_report=lambda state: write_report(state, target))
+                     write_report=lambda state: write_report(state, target), pool=WorkerPool())
     try:
         # a tier that rewrites kernels gets each slot's time and roofline position (the fine profile) in its prompt
         fine = {"fine_profile": True} if llm is not None and "kernel" in tier.kinds and target.kernel_slots else {}
@@ -125,46 +126,51 @@ class LiveView:
         self.console.print(f"[{time.monotonic() - self.start:6.0f} s] {text}", highlight=False, soft_wrap=True,
                            markup=False)
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        kind, line = record["event"], None  # line: what a log gets for this event
-        if kind == "decide":
-            verdict = "accepted" if record["accepted"] else f"rejected at {record['stage']}"
-            line = f"#{record['id']} {verdict}: {record['reason']}"
-            self.last = (self.last + [line])[-4:]
-            if record["accepted"]:
-                self.node = "diagnose: the new incumbent (its noise floor again, if much faster), profiling"
-        elif kind == "recalibrate":
-            self.node = "diagnose: profiling"
-            line = (f"noise floor {100 * record['noise_floor']:.1f}% on the incumbent after #{record['after']} "
-                    f"({record['step_ms']:.2f} ms/step)")
-        elif kind == "validated":
-            took = f" after {record['wall_s']:.0f} s (build {record['build_s']:.0f} s)" if "wall_s" in record else ""
-            line = f"#{record['id']} numerics hold ({record['numerics_class']}){took}; timing it"
-        elif kind == "llm-warning":
-            line = f"LLM spend: {record['reason']}"
-        elif kind == "kernel-repair":
-            line = f"#{record['of']} goes back to the LLM with its verdict: {record['reason']}"
-        elif kind == "paused":
-            line = f"paused before {record['node']}: {record['reason']}"
-        elif kind == "profile-disturbed":
-            line = f"the incumbent's profile was disturbed: {record['reason']}"
-        elif kind == "numerics-retry":
-            line = (f"#{record['id']} numerics run failed beside its timing workers ({record['kind']}: "
-                    f"{record['reason']}); once more without them")
-        elif kind == "baseline-stage":
-            self.node = f"baseline: {record['stage']}"
-            line = self.node + (f" ({record['cut']})" if record.get("cut") else "")
-        elif kind == "propose":
-            self.node = line = f"evaluating #{record['id']} {record['patch'] or ''} {record['kernels'] or ''}".strip()
-        elif kind in ("baseline", "diagnose", "setup", "report"):
-            self.node = {"setup": "baseline: numerics, A/A noise floor", "baseline": "diagnose: profiling",
-                         "diagnose": "proposing", "report": "report"}[kind]
-            if kind == "baseline":
-                line = f"baseline {record['step_ms']:.2f} ms/step, noise floor {100 * record['noise_floor']:.1f}%"
-            elif kind == "report":
-                line = f"report written; stopped by {record.get('stop_reason')}"
-            elif record.get("distorted"):
-                line = f"the incumbent's profile is distorted: {record['distorted']}"
+    def on_event(self, record: events.Event) -> None:
+        line = None  # what a log gets for this event
+        match record:
+            case events.Decide():
+                verdict = "accepted" if record.accepted else f"rejected at {record.stage}"
+                line = f"#{record.id} {verdict}: {record.reason}"
+                self.last = (self.last + [line])[-4:]
+                if record.accepted:
+                    self.node = "diagnose: the new incumbent (its noise floor again, if much faster), profiling"
+            case events.Recalibrate():
+                self.node = "diagnose: profiling"
+                line = (f"noise floor {100 * record.noise_floor:.1f}% on the incumbent after #{record.after} "
+                        f"({record.step_ms:.2f} ms/step)")
+            case events.Validated():
+                took = (f" after {record.wall_s:.0f} s (build {record.build_s or 0:.0f} s)"
+                        if record.wall_s is not None else "")
+                line = f"#{record.id} numerics hold ({record.numerics_class}){took}; timing it"
+            case events.LLMWarning():
+                line = f"LLM spend: {record.reason}"
+            case events.KernelRepair():
+                line = f"#{record.of} goes back to the LLM with its verdict: {record.reason}"
+            case events.Paused():
+                line = f"paused before {record.node}: {record.reason}"
+            case events.ProfileDisturbed():
+                line = f"the incumbent's profile was disturbed: {record.reason}"
+            case events.NumericsRetry():
+                line = (f"#{record.id} numerics run failed beside its timing workers ({record.kind}: "
+                        f"{record.reason}); once more without them")
+            case events.BaselineStage():
+                self.node = f"baseline: {record.stage}"
+                line = self.node + (f" ({record.cut})" if record.cut else "")
+            case events.Propose():
+                self.node = line = f"evaluating #{record.id} {record.patch or ''} {record.kernels or ''}".strip()
+            case events.Setup():
+                self.node = "baseline: numerics, A/A noise floor"
+            case events.Baseline():
+                self.node = "diagnose: profiling"
+                line = f"baseline {record.step_ms:.2f} ms/step, noise floor {100 * record.noise_floor:.1f}%"
+            case events.Diagnose():
+                self.node = "proposing"
+                if record.distorted:
+                    line = f"the incumbent's profile is distorted: {record.distorted}"
+            case events.Report():
+                self.node = "report"
+                line = f"report written; stopped by {record.stop_reason}"
         if self.live is not None:
             self.live.update(self._render())
         elif line is not None:
@@ -240,23 +246,28 @@ def resume(run_id: str, out: str, console: Console, quiet: bool = False,
     ctx, initial = build_context(request, run_dir, base_url)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
+        graph.upgrade(ctx, run_dir, request.run_id)  # a checkpoint written before the state's current shape
         graph.relocate(ctx, run_dir, request.run_id)  # moved, or resumed from another working directory
     else:
         refuse_restart(run_dir)  # a run with results and no checkpoint is never started over on top of them
     return _drive(ctx, None if started else initial, request, run_dir, console, quiet, pause_after_s)
 
 
+
+
 def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,
            quiet: bool, pause_after_s: float | None = None) -> tuple[RunState, Summary]:
-    """Run the graph to its report, or until ``pause_after_s`` leaves no room for its next node (graph.Paused)."""
+    """Run the graph to its report, or until ``pause_after_s`` leaves no room for its next node (graph.Paused);
+    however it ends, the workers started ahead that no measurement came to are killed (``ctx.pool``)."""
     if pause_after_s is not None:
         ctx.pause_at = time.monotonic() + pause_after_s
-    if quiet:
-        final = graph.run(ctx, state, run_dir, request.run_id)
-    else:
-        view = LiveView(console, request)
-        ctx.on_event = view.on_event
-        with view:
-            final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
+    with ctx.pool:
+        if quiet:
+            final = graph.run(ctx, state, run_dir, request.run_id)
+        else:
+            view = LiveView(console, request)
+            ctx.on_event = view.on_event
+            with view:
+                final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
     written = run_dir / SUMMARY_FILE  # the report node wrote it from the same final state
     return final, (Summary.model_validate_json(written.read_text()) if written.is_file() else build_summary(final))

@@ -4,12 +4,12 @@
 what ``sg-opt report RUN_DIR`` calls again through ``regenerate``. report.md is short enough for a
 pull-request comment: the result with its interval, then every candidate with its verdict.
 
-How ``regenerate`` reads a run: the last checkpoint's RunState straight from the run's SQLite file
-(the graph's own checkpointer and serializer; no graph is compiled and no target is built, so a
-run whose target module is gone still reports), re-rooted to wherever the directory now lives.
-From that state everything is rebuilt exactly as at the end of the run, nothing is re-measured.
-A directory without a checkpoint (copied without it) is reported from its summary.json alone;
-then best_kernels/ is kept as it is.
+How ``regenerate`` reads a run: its RunState from the run's own state file, ``state.json``
+(``state_machine.state_file``: paths relative to the run directory, read back under wherever it now lives; no
+target is built, so a run whose target module is gone still reports). A run directory written before state files
+existed has its last checkpoint read once and converted into one. From that state everything is rebuilt exactly as
+at the end of the run, nothing is re-measured. A directory with neither (copied without them) is reported from its
+summary.json alone; then best_kernels/ is kept as it is.
 
 The wording report.md shares with report.html and the comparison is ``report_text``'s.
 """
@@ -22,14 +22,14 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 from sg_opt.report_text import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes, floor_text,
                                 host_line, machine_rows, numerics_line, over_floor_text, ratio_text, result_line,
                                 spend_line, status_line, step_ms_text, step_text, time_line, verdict_text)
 from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, Summary, build_summary
 from state_machine.portable import portable
-from state_machine.state import RunState
+from state_machine.state import FLAT_IN_FLIGHT, RunState
+from state_machine.state_file import StateFileError, read_state, rooted, write_state
 from targets.protocol import ConfigError, Target
 
 REPORT_MD = "report.md"
@@ -169,26 +169,22 @@ def write_report(state: RunState, target: Target | None, summary: Summary | None
 
 # ----------------------------------------------------------------------------- reading a run directory back
 
-def _rerooted(value: Any, old: str, new: str) -> Any:
-    if isinstance(value, str):
-        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
-    if isinstance(value, dict):
-        return {k: _rerooted(v, old, new) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rerooted(v, old, new) for v in value]
-    return value
-
-
-def _rooted(state: RunState, run_dir: Path) -> RunState:
-    """The state with every path under its old run directory moved to where the directory is now."""
-    old, new = state.run_dir.rstrip("/"), str(run_dir.resolve())
-    if old == new:
-        return state
-    return RunState.model_validate(_rerooted(state.model_dump(), old, new))
-
-
 def load_state(run_dir: Path) -> RunState | None:
-    """The last checkpoint's RunState, or None when the directory has no readable checkpoint."""
+    """The run's state from its state.json, every path under where the directory is now; from its last checkpoint
+    where it has no readable state.json (written before state files, or killed before its first one), converted into
+    one (``_from_checkpoint``); None when it holds neither."""
+    try:
+        state = read_state(run_dir.resolve())
+    except StateFileError:
+        state = None
+    return state if state is not None else _from_checkpoint(run_dir)
+
+
+def _from_checkpoint(run_dir: Path) -> RunState | None:
+    """The last checkpoint's RunState under where the directory is now, also written to its state.json so that the
+    checkpoint is read once; None when the directory has no readable checkpoint. The checkpoint's raw values are
+    read, older states' fields included (``RunState`` maps them), through the graph's own checkpointer and
+    serializer, without compiling the graph."""
     from state_machine.graph import open_checkpointer, thread  # langgraph only when it is needed
 
     if not (run_dir / CHECKPOINT_FILE).is_file():
@@ -203,11 +199,16 @@ def load_state(run_dir: Path) -> RunState | None:
         return None
     if saved is None:
         return None
-    values = {k: v for k, v in saved.checkpoint["channel_values"].items() if k in RunState.model_fields}
+    fields = RunState.model_fields.keys() | FLAT_IN_FLIGHT.keys()
     try:
-        return _rooted(RunState.model_validate(values), run_dir)
+        state = RunState.model_validate({k: v for k, v in saved.checkpoint["channel_values"].items() if k in fields})
     except ValueError:
         return None
+    try:
+        write_state(state, None, run_dir)  # which node runs next is the graph's to say: not known here
+    except OSError:
+        pass  # a directory it may not write into still reports
+    return rooted(state, run_dir.resolve())
 
 
 def load_summary(run_dir: Path) -> Summary:
@@ -215,7 +216,8 @@ def load_summary(run_dir: Path) -> Summary:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        raise ConfigError(f"{run_dir} has neither a readable checkpoint nor a readable {SUMMARY_FILE}") from None
+        raise ConfigError(f"{run_dir} has neither a readable state (state.json, a checkpoint) nor a readable "
+                          f"{SUMMARY_FILE}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a summary sg-opt can read")
     if not isinstance(data.get("version"), int) or data["version"] > SUMMARY_SCHEMA_VERSION:
@@ -232,7 +234,8 @@ def _first_line(exc: Exception) -> str:
 
 
 def read_run(run_dir: str | Path) -> tuple[Summary, RunState | None]:
-    """A run directory's summary, rebuilt from its last checkpoint when it has one; writes nothing."""
+    """A run directory's summary, rebuilt from its state when it has one (``load_state``: the only file it may write
+    is the state.json of a run directory written before state files)."""
     path = Path(run_dir)
     if not path.is_dir():
         raise ConfigError(f"{run_dir} is not a directory (a run directory holds {REQUEST_FILE} and {SUMMARY_FILE})")

@@ -20,6 +20,8 @@ from pydantic import BaseModel, Field
 from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
 from sg_opt.ledger import TokenLedger, Total as Spend
+from state_machine import events
+from state_machine.events import read_events
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState, Verdict
 from targets.confinement import Confinement
 from validators.speedup import ABResult, NoiseFloor
@@ -85,7 +87,7 @@ class WorkerStartup(BaseModel):
     build_s: float = Field(description="building the session (model, data, kernels)")
     warmup_s: float = Field(description="the warm-up steps")
     started_ahead: int = Field(0, description="measurements whose two workers were started during the candidate's "
-                                              "validation (validators.started_ahead.prestart)")
+                                              "validation (validators.started_ahead.WorkerPool)")
     close_s: float | None = Field(None, description="after a measurement's last block, until both its workers had "
                                                     "exited (median over the measurements that recorded it)")
     build_parts: dict[str, float] = Field(default_factory=dict, description="the build split into the parts the "
@@ -215,25 +217,14 @@ class Summary(BaseModel):
 
 # ----------------------------------------------------------------------------- reading the run directory
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by a kill
-    return [r for r in rows if isinstance(r, dict)]
-
-
 def _decided_at(run_dir: Path) -> dict[int, float]:
-    events = _events(run_dir)
-    start = next((e["t"] for e in events if e.get("event") == "setup"), None)
+    """Candidate id -> seconds from the run's setup to its decision, from events.jsonl (lines it cannot read are
+    skipped: ``state_machine.events.read_events``)."""
+    logged = read_events(run_dir)
+    start = next((e.t for e in logged if isinstance(e, events.Setup)), None)
     if start is None:
         return {}
-    return {e["id"]: e["t"] - start for e in events if e.get("event") == "decide" and "id" in e}
+    return {e.id: e.t - start for e in logged if isinstance(e, events.Decide)}
 
 
 def _candidate_step_ms(v: Verdict) -> float | None:

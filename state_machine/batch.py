@@ -20,16 +20,14 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-from state_machine import nodes
+from state_machine import events, nodes
 from state_machine.context import RunContext
 from state_machine.lanes import lanes_of, on_lanes
-from state_machine.state import Candidate, RunState, Verdict, rejected
+from state_machine.state import Candidate, InFlight, RunState, Verdict, rejected
 
 
-def _as_current(state: RunState, cand: Candidate, **fields: Any) -> RunState:
-    return state.model_copy(update={"current": cand, "current_verdict": None, "current_digest": None,
-                                    "current_numerics_class": None, "current_numerics_detail": None,
-                                    "current_artifacts": {}, **fields})
+def _as_current(state: RunState, cand: Candidate) -> RunState:
+    return state.model_copy(update={"current": InFlight(candidate=cand)})
 
 
 def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
@@ -39,11 +37,11 @@ def _checked(state: RunState, ctx: RunContext) -> list[RunState]:
     for cand in state.batch:
         one = _as_current(state, cand)
         one = one.model_copy(update=nodes.check(one, ctx))
-        if one.current_verdict is None and one.current_digest in digests:
-            twin = digests[one.current_digest]
-            one = one.model_copy(update=rejected("check", f"a duplicate of candidate #{twin}"))
-        if one.current_verdict is None:
-            digests[one.current_digest] = cand.id
+        if one.current.verdict is None and one.current.digest in digests:
+            twin = digests[one.current.digest]
+            one = one.model_copy(update=rejected(one, "check", f"a duplicate of candidate #{twin}"))
+        if one.current.verdict is None:
+            digests[one.current.digest] = cand.id
         out.append(one)
     return out
 
@@ -89,7 +87,7 @@ def _validated_and_measured(one: RunState, ctx: RunContext, turns: TimingTurns |
     with ``turns`` (lanes that widen each other's noise) each timing has the machine to itself."""
     with turns.validating() if turns else contextlib.nullcontext():
         one = one.model_copy(update=nodes.validate(one, ctx))
-    if one.current_verdict is not None:
+    if one.current.verdict is not None:
         return one
     with turns.timing() if turns else contextlib.nullcontext():
         return one.model_copy(update=nodes.measure(one, ctx))
@@ -105,29 +103,30 @@ def evaluate_batch(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Check, validate and time every candidate of the batch, concurrently on the lanes; then record each,
     the fastest winner last, so that it alone becomes the incumbent."""
     checked = _checked(state, ctx)
-    pending = [one for one in checked if one.current_verdict is None]
+    pending = [one for one in checked if one.current.verdict is None]
     lanes = lanes_of(state)[:len(pending)]
-    ctx.event(state.run_dir, "batch", ids=[c.id for c in state.batch],
-              lanes={one.current.id: lane.gpus for one, lane in zip(pending, lanes)})
+    ctx.event(state.run_dir, events.Batch(ids=[c.id for c in state.batch],
+                                          lanes={one.current.candidate.id: lane.gpus
+                                                 for one, lane in zip(pending, lanes)}))
     turns = None if state.plan.concurrent_timing else TimingTurns()
     done = on_lanes(lambda lane: _validated_and_measured(
         pending[lane.index].model_copy(update={"lane": lane}), ctx, turns), lanes) if pending else []
-    finished = {one.current.id: one for one in done}
-    results = [finished.get(one.current.id, one) for one in checked]
-    winners = sorted((one for one in results if one.current_verdict.accepted),
-                     key=lambda one: one.current_verdict.ratio)
+    finished = {one.current.candidate.id: one for one in done}
+    results = [finished.get(one.current.candidate.id, one) for one in checked]
+    winners = sorted((one for one in results if one.current.verdict.accepted),
+                     key=lambda one: one.current.verdict.ratio)
     best = winners[0] if winners else None
     again, next_id = [], state.next_id
     record = state.model_copy(update={"batch": []})
     for one in sorted(results, key=lambda one: one is best):
-        verdict = one.current_verdict
+        cand, verdict = one.current.candidate, one.current.verdict
         if verdict.accepted and one is not best:
-            verdict = _beaten(verdict, best.current, best.current_verdict.ratio)
-            again.append(one.current.model_copy(update={"id": next_id, "rationale": f"again after candidate "
-                                                        f"#{best.current.id} was accepted: {one.current.rationale}"}))
+            winner = best.current.candidate
+            verdict = _beaten(verdict, winner, best.current.verdict.ratio)
+            again.append(cand.model_copy(update={"id": next_id, "rationale": f"again after candidate #{winner.id} "
+                                                                             f"was accepted: {cand.rationale}"}))
             next_id += 1
-        decided = _as_current(record, one.current, current_verdict=verdict, current_digest=one.current_digest)
+        decided = record.model_copy(update={"current": one.current.model_copy(update={"verdict": verdict})})
         record = record.model_copy(update=nodes.decide(decided, ctx))
     return {"history": record.history, "incumbent": record.incumbent, "queue": again + list(state.queue),
-            "next_id": next_id, "batch": [], "current": None, "current_verdict": None, "current_digest": None,
-            "current_artifacts": {}, "current_numerics_detail": None, "current_numerics_class": None}
+            "next_id": next_id, "batch": [], "current": None}

@@ -1,20 +1,21 @@
 """What the nodes need besides the state, handed in by whoever builds the graph (``sg_opt``).
 
-Nothing here is checkpointed: the target object, the LLM client and the ledger are rebuilt on
-resume from the run's saved request. Keeping them out of the state keeps the state plain data.
+Nothing here is checkpointed: the target object, the LLM client, the ledger and the pool of workers started ahead
+are rebuilt on resume from the run's saved request. Keeping them out of the state keeps the state plain data.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from state_machine.events import EVENTS_FILE, Event, event_line
 from state_machine.llm_interfaces import LLM, Ledger
 from state_machine.portable import portable
 from targets.protocol import Target
+from validators.started_ahead import WorkerPool
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,16 @@ class RunContext:
     llm: LLM | None = None
     ledger: Ledger | None = None
     write_report: Callable[[Any], list[str]] | None = None  # RunState -> files written
-    on_event: Callable[[dict[str, Any]], None] | None = None  # live view
+    on_event: Callable[[Event], None] | None = None  # live view
+    # timing workers started during a candidate's validation for its measurement; whoever builds the run closes it
+    pool: WorkerPool = field(default_factory=WorkerPool)
     pause_at: float | None = None  # time.monotonic() by which this invocation pauses (--pause-after)
     nodes_started: int = 0  # nodes this invocation has started: the first always starts, so every one progresses
 
-    def event(self, run_dir: str, what: str, **fields: Any) -> None:
+    def event(self, run_dir: str, record: Event) -> None:
         """Append one line to the run's events.jsonl (and show it live): the run's own log."""
-        record = {"t": time.time(), "event": what, **fields}
-        path = Path(run_dir) / "events.jsonl"
-        written = portable(json.loads(json.dumps(record, default=str)), run_dir)  # no absolute path, no trace
-        with open(path, "a", encoding="utf-8") as out:
+        written = portable(event_line(record), run_dir)  # no absolute path, no trace
+        with open(Path(run_dir) / EVENTS_FILE, "a", encoding="utf-8") as out:
             out.write(json.dumps(written) + "\n")
             out.flush()
         if self.on_event is not None:

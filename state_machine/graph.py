@@ -8,6 +8,9 @@
                                                                                     per lane at once
                                                            stop (budget, converged) -> report
 
+After each node's checkpoint the state is also written to ``state.json`` in the run directory
+(``state_file``), the run's own record of its state that reports read.
+
 Any node can stop the run by setting ``stop_reason``; the edges then lead to ``report``. Every
 node's wall time is added to ``elapsed_s`` (so ``--max-minutes`` counts across resumes) and to that
 node's entry of ``node_s`` (where a run's minutes went), and the ledger's spend is copied into the state
@@ -28,11 +31,12 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel
 
-from state_machine import batch, nodes
+from state_machine import batch, events, nodes
 from state_machine import state as state_module
 from state_machine.context import RunContext
 from state_machine.node_clock import NodeClock, lost_time
-from state_machine.state import RunState
+from state_machine.state import FLAT_IN_FLIGHT, Candidate, RunState
+from state_machine.state_file import write_state
 from state_machine.time_budget import Paused, pause_reason
 
 CHECKPOINT_FILE = "checkpoints.sqlite"
@@ -50,7 +54,7 @@ def _timed(node: Callable[[RunState, RunContext], dict[str, Any]], ctx: RunConte
         start = time.monotonic()
         if (ctx.pause_at is not None and ctx.nodes_started
                 and (why := pause_reason(state, name, ctx.pause_at - start)) is not None):
-            ctx.event(state.run_dir, "paused", node=name, reason=why)
+            ctx.event(state.run_dir, events.Paused(node=name, reason=why))
             raise Paused(name, why, state.run_dir)
         ctx.nodes_started += 1
         with NodeClock(state.run_dir, name):  # a node that never returns has its time booked on resume
@@ -79,7 +83,7 @@ def _after_propose(state: RunState) -> str:
 
 def _rejected_or(next_node: str) -> Callable[[RunState], str]:
     def route(state: RunState) -> str:
-        return "decide" if state.current_verdict is not None else next_node
+        return "decide" if state.current.verdict is not None else next_node
     return route
 
 
@@ -128,21 +132,30 @@ def run(ctx: RunContext, state: RunState | None, run_dir: str | Path, run_id: st
     """Start a run from ``state``, or resume ``run_id`` from its last checkpoint when ``state`` is None.
 
     Each node's checkpoint is written before the next node starts (durability "sync"), so a run
-    killed at any point loses at most the node in flight.
+    killed at any point loses at most the node in flight; state.json follows each checkpoint.
     """
     app = compile_graph(ctx, run_dir)
     config = thread(run_id)
     state = _book_lost_time(ctx, app, config, state, run_dir)
     for update in app.stream(state, config, stream_mode="updates", durability="sync"):
+        saved = _save_state_file(app, config, run_dir)
         if on_update is not None:
             for node_name in update:
-                on_update(node_name, current_state(app, config))
+                on_update(node_name, saved)
     return current_state(app, config)
 
 
 def current_state(app, config: dict[str, Any]) -> RunState:
     values = app.get_state(config).values
     return values if isinstance(values, RunState) else RunState.model_validate(values)
+
+
+def _save_state_file(app, config: dict[str, Any], run_dir: str | Path) -> RunState:
+    """The last checkpoint's state, written to the run directory's state.json with the nodes it runs next."""
+    snapshot = app.get_state(config)
+    state = snapshot.values if isinstance(snapshot.values, RunState) else RunState.model_validate(snapshot.values)
+    write_state(state, snapshot.next, run_dir)
+    return state
 
 
 def relocate(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
@@ -174,11 +187,11 @@ def relocate(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
             return [moved(v) for v in value]
         return value
 
-    _rewrite(app, config, RunState.model_validate(moved(state.model_dump())))
+    _rewrite(app, config, RunState.model_validate(moved(state.model_dump())), run_dir)
     return True
 
 
-def _rewrite(app, config: dict[str, Any], state: RunState) -> None:
+def _rewrite(app, config: dict[str, Any], state: RunState, run_dir: str | Path) -> None:
     """Replace the last checkpoint's state, as an update from the node that wrote it (the task of the one before),
     so that the node to run next stays the same. Earlier rewrites (updates that left the next node as it was) are
     passed over: the second rewrite would take the node to run next for the writer, and the run would end."""
@@ -191,6 +204,22 @@ def _rewrite(app, config: dict[str, Any], state: RunState) -> None:
     parent = app.get_state(snapshot.parent_config) if snapshot.parent_config else None
     writer = parent.tasks[0].name if parent is not None and len(parent.tasks) == 1 else None
     app.update_state(config, state, as_node=writer)
+    _save_state_file(app, config, run_dir)
+
+
+def upgrade(ctx: RunContext, run_dir: str | Path, run_id: str) -> bool:
+    """Rewrite a last checkpoint written before ``InFlight`` (the candidate in flight in ``current``, what was found of
+    it in flat ``current_*`` fields) in today's shape; True if it was one. LangGraph loads only the channels the graph
+    has now, so a resumed run would otherwise lose what the flat fields held (a checked candidate's numerics class)."""
+    app = compile_graph(ctx, run_dir)
+    config = thread(run_id)
+    saved = app.checkpointer.get_tuple(config)
+    values = saved.checkpoint["channel_values"] if saved is not None else {}
+    if not isinstance(values.get("current"), Candidate) and not FLAT_IN_FLIGHT.keys() & values.keys():
+        return False
+    fields = RunState.model_fields.keys() | FLAT_IN_FLIGHT.keys()
+    _rewrite(app, config, RunState.model_validate({k: v for k, v in values.items() if k in fields}), run_dir)
+    return True
 
 
 def _book_lost_time(ctx: RunContext, app, config: dict[str, Any], state: RunState | None,
@@ -204,9 +233,9 @@ def _book_lost_time(ctx: RunContext, app, config: dict[str, Any], state: RunStat
     if state is not None:
         return state.model_copy(update=state.spent_in(node, seconds))
     saved = current_state(app, config)
-    _rewrite(app, config, saved.model_copy(update=saved.spent_in(node, seconds)))
-    ctx.event(saved.run_dir, "lost-time", node=node, seconds=seconds,
-              reason=f"{seconds:.0f} s spent in {node} before the run was stopped are counted")
+    _rewrite(app, config, saved.model_copy(update=saved.spent_in(node, seconds)), run_dir)
+    why = f"{seconds:.0f} s spent in {node} before the run was stopped are counted"
+    ctx.event(saved.run_dir, events.LostTime(node=node, seconds=seconds, reason=why))
     return None
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from state_machine import events
 from state_machine.context import RunContext
 from state_machine.llm_interfaces import Completion, DeadlineReached, LLMError, Message, estimate_tokens
 from state_machine.llm_reply import ReplyInvalid, parse_reply
@@ -60,7 +61,7 @@ def converse(state: RunState, ctx: RunContext, ask: Ask, model: type[T]) -> T:
             return parse_reply(completion.text, model, completion.finish_reason)
         except ReplyInvalid as exc:
             problem = exc
-            ctx.event(state.run_dir, "llm-reply-invalid", turn=turn, reason=str(exc))
+            ctx.event(state.run_dir, events.LLMReplyInvalid(turn=turn, reason=str(exc)))
             messages = messages + repair_turn(completion.text, exc)
     repairs = ctx.policy.reply_repairs
     raise LLMError(f"the {ctx.llm.model} reply {problem}" + (f" after {repairs} repair turn{'s' * (repairs > 1)}"
@@ -99,10 +100,11 @@ def _complete(state: RunState, ctx: RunContext, ask: Ask, messages: list[Message
         meter = ledger.meter(ask.node, policy.tier, llm.model, prompt_tokens, policy.max_output_tokens, purpose, key)
         completion = llm.complete(messages, ask.schema, ask.schema_name, policy.max_output_tokens,
                                   policy.reasoning_effort, meter=meter, deadline=deadline)
-    ctx.event(state.run_dir, "llm-call", tier=policy.tier, model=completion.model, purpose=purpose, turn=turn,
-              usage=completion.usage.model_dump(), cost_usd=completion.cost_usd, latency_s=completion.latency_s,
-              attempts=completion.attempts, reused=completion.reused, notes=completion.notes,
-              prompt_chars=sum(len(m["content"]) for m in messages), reply=completion.text[:EVENT_REPLY_CHARS])
+    ctx.event(state.run_dir, events.LLMCall(
+        tier=policy.tier, model=completion.model, purpose=purpose, turn=turn, usage=completion.usage.model_dump(),
+        cost_usd=completion.cost_usd, latency_s=completion.latency_s, attempts=completion.attempts,
+        reused=completion.reused, notes=completion.notes, prompt_chars=sum(len(m["content"]) for m in messages),
+        reply=completion.text[:EVENT_REPLY_CHARS]))
     if completion.notes:
-        ctx.event(state.run_dir, "llm-warning", reason="; ".join(completion.notes))
+        ctx.event(state.run_dir, events.LLMWarning(reason="; ".join(completion.notes)))
     return completion

@@ -16,6 +16,7 @@ from typing import Any
 
 from profilers.client import run_profile
 from profilers.records import ProfileRequest
+from state_machine import events
 from state_machine.baseline_budget import fit_calibration
 from state_machine.context import RunContext
 from state_machine.lanes import batch_size, concurrent, noise_floor
@@ -26,13 +27,13 @@ from state_machine.proposers.registry import proposer_for
 from state_machine.specs import (baseline_request, candidate_config, candidate_kernels, candidate_request,
                                  config_digest, incumbent_request, numerics_class, write_json)
 from state_machine.steady_profile import expected_step_ms, steadiest_profile
-from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, Incumbent, Recalibration,
-                                 RunState, Verdict, rejected)
+from state_machine.state import (Baseline, Candidate, Evaluated, FinalMeasurement, InFlight, Incumbent,
+                                 Recalibration, RunState, Verdict, rejected)
 from state_machine.time_budget import out_of_time, own_s
 from state_machine.validation import validate  # noqa: F401 (a node: graph and batch call nodes.validate)
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
-from validators.started_ahead import discard, prestart_key
+from validators.started_ahead import prestart_key
 from validators.timing_worker import note_footprint
 from validators.numerics import calibrate_reorder
 from validators.source import check_source
@@ -56,7 +57,7 @@ def setup(state: RunState, ctx: RunContext) -> dict[str, Any]:
         ctx.target.knob_space.resolve(state.baseline_config)
     except ConfigError as exc:
         return {"stop_reason": f"error: {exc}"}
-    ctx.event(state.run_dir, "setup", target=state.target, size=state.size, tier=state.tier, device=state.device)
+    ctx.event(state.run_dir, events.Setup(target=state.target, size=state.size, tier=state.tier, device=state.device))
     return {}
 
 
@@ -65,9 +66,9 @@ def _baseline_part(state: RunState, name: str, request: Any) -> Any:
     return saved_part(state.path("baseline"), name, request, lambda r: run_worker(r, timeout_s=state.plan.timeout_s))
 
 
-def _stage(state: RunState, ctx: RunContext, stage: str, **fields: Any) -> None:
+def _stage(state: RunState, ctx: RunContext, stage: str, cut: str | None = None) -> None:
     """A line of progress through the baseline (it runs for minutes before anything else shows)."""
-    ctx.event(state.run_dir, "baseline-stage", stage=stage, **fields)
+    ctx.event(state.run_dir, events.BaselineStage(stage=stage, cut=cut))
 
 
 def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
@@ -125,8 +126,9 @@ def baseline(state: RunState, ctx: RunContext) -> dict[str, Any]:
                       calibration_file=calibration, resolved_config=numerics.config, reorder=reorder,
                       environment=numerics.environment.model_dump() if numerics.environment else {},
                       wall_s=time.monotonic() - start)
-    ctx.event(state.run_dir, "baseline", step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
-              reorder_scale=reorder.scale, reorder=reorder.detail, lanes=plan.lanes_note)
+    ctx.event(state.run_dir, events.Baseline(step_ms=record.step_ms, noise_floor=noise.floor, timeout_s=plan.timeout_s,
+                                             reorder_scale=reorder.scale, reorder=reorder.detail,
+                                             lanes=plan.lanes_note))
     return {"baseline": record, "plan": plan, "incumbent": Incumbent(config=dict(state.baseline_config))}
 
 
@@ -146,13 +148,13 @@ def _recalibrated(state: RunState, ctx: RunContext) -> dict[str, Any]:
         noise, lanes = noise_floor(state, incumbent_request(state, "bench"), plan.calibration_blocks,
                                    plan.block_steps, plan.timeout_s)
     except CalibrationFailed as exc:
-        ctx.event(state.run_dir, "recalibrate-failed", after=cid, reason=str(exc))
+        ctx.event(state.run_dir, events.RecalibrateFailed(after=cid, reason=str(exc)))
         return {}
     path = write_json(state.path("candidates", f"{cid:03d}", "calibration.json"), noise)
     record = Recalibration(after_candidate=cid, step_ms=noise.step_ms, noise_floor=noise.floor,
                            calibration_file=path)
-    ctx.event(state.run_dir, "recalibrate", after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
-              was=state.noise_floor, lanes=lanes.get("lanes_note"))
+    ctx.event(state.run_dir, events.Recalibrate(after=cid, step_ms=record.step_ms, noise_floor=noise.floor,
+                                                was=state.noise_floor, lanes=lanes.get("lanes_note")))
     return {"recalibrations": state.recalibrations + [record], "plan": plan.model_copy(update=lanes)}
 
 
@@ -165,23 +167,25 @@ def diagnose(state: RunState, ctx: RunContext) -> dict[str, Any]:
         # e.g. TPE: past the baseline's profile (the report's first column), profiling each new incumbent costs the
         # oracle a fresh worker's build and steps for nothing it uses (25-53 s each at `large-cached`, H200,
         # 2026-12-04). Its noise floor is still calibrated again: that judges its candidates.
-        ctx.event(state.run_dir, "diagnose-skipped", reason=f"the {proposer.name} search reads no findings")
+        ctx.event(state.run_dir, events.DiagnoseSkipped(reason=f"the {proposer.name} search reads no findings"))
         return updates
     spec = incumbent_request(state, "bench")
     req = ProfileRequest(**spec.model_dump(exclude={"version", "mode"}), profile_steps=state.plan.profile_steps,
                          fine=state.plan.fine_profile)
 
     def disturbed(slowdown: float) -> None:
-        ctx.event(state.run_dir, "profile-disturbed", slowdown=slowdown,
-                  reason=f"its steps ran x{slowdown:.2f} slower without the profiler than measured; profiled again")
+        ctx.event(state.run_dir, events.ProfileDisturbed(
+            slowdown=slowdown,
+            reason=f"its steps ran x{slowdown:.2f} slower without the profiler than measured; profiled again"))
     expected = expected_step_ms(state, updates.get("recalibrations", state.recalibrations))
     result = steadiest_profile(lambda: run_profile(req, timeout_s=state.plan.timeout_s), expected, disturbed)
     path = write_json(state.path("profiles", f"{len(state.profiles):02d}.json"), result)
     if not result.ok:
-        ctx.event(state.run_dir, "diagnose-failed", reason=result.failure_text())
+        ctx.event(state.run_dir, events.DiagnoseFailed(reason=result.failure_text()))
         return {**updates, "findings": [], "profiles": state.profiles + [path]}
-    ctx.event(state.run_dir, "diagnose", findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]],
-              distorted=result.coarse.distortion_note() if result.coarse is not None else None)
+    ctx.event(state.run_dir, events.Diagnose(
+        findings=[f"{f.category}: {f.evidence}" for f in result.findings[:5]],
+        distorted=result.coarse.distortion_note() if result.coarse is not None else None))
     return {**updates, "findings": result.findings, "profiles": state.profiles + [path]}
 
 
@@ -219,7 +223,7 @@ def _ask(state: RunState, ctx: RunContext) -> tuple[list[Proposal], dict[str, An
         if getattr(exc, "fatal", False):
             return [], {"stop_reason": f"error: {exc}"}
         failures = state.proposer_failures + [str(exc)]
-        ctx.event(state.run_dir, "proposal-failed", reason=str(exc))
+        ctx.event(state.run_dir, events.ProposalFailed(reason=str(exc)))
         if len(failures) >= MAX_LLM_FAILURES:
             return [], {"stop_reason": f"error: {len(failures)} proposals in a row failed; last: {exc}",
                         "proposer_failures": failures}
@@ -244,12 +248,12 @@ def propose(state: RunState, ctx: RunContext) -> dict[str, Any]:
             return {**updates, "queue": [], "current": None}
     take = batch_size(state)  # 1 without --gpus
     for cand in queue[:take]:
-        ctx.event(state.run_dir, "propose", id=cand.id, kind=cand.kind, patch=cand.patch, kernels=list(cand.kernels),
-                  rationale=cand.rationale, proposer=cand.proposer)
+        ctx.event(state.run_dir, events.Propose(id=cand.id, kind=cand.kind, patch=cand.patch,
+                                                kernels=list(cand.kernels), rationale=cand.rationale,
+                                                proposer=cand.proposer))
     if concurrent(state):
-        return {**updates, "queue": queue[take:], "batch": queue[:take], "current": None, "current_verdict": None}
-    return {**updates, "queue": queue[1:], "current": queue[0], "current_verdict": None,
-            "current_numerics_class": None}
+        return {**updates, "queue": queue[take:], "batch": queue[:take], "current": None}
+    return {**updates, "queue": queue[1:], "current": InFlight(candidate=queue[0])}
 
 
 # ----------------------------------------------------------------- check and measure (validate: validation.py)
@@ -262,11 +266,11 @@ def _coerce_patch(ctx: RunContext, patch: dict[str, Any]) -> dict[str, Any]:
 
 def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Static checks: allowed kind, knob names, values and constraints, kernel source safety, duplicates."""
-    cand, space = state.current, ctx.target.knob_space
+    cand, space = state.current.candidate, ctx.target.knob_space
     if cand.kind not in ctx.policy.kinds:
-        return rejected("check", f"tier {ctx.policy.tier} does not allow {cand.kind} candidates")
+        return rejected(state, "check", f"tier {ctx.policy.tier} does not allow {cand.kind} candidates")
     if not cand.patch and not cand.kernels:
-        return rejected("check", "the candidate changes nothing")
+        return rejected(state, "check", "the candidate changes nothing")
     try:
         patch = _coerce_patch(ctx, cand.patch)
         resolved = space.resolve({**state.incumbent.config, **patch})
@@ -274,34 +278,35 @@ def check(state: RunState, ctx: RunContext) -> dict[str, Any]:
         if ctx.target.check_config is not None and state.ranks == 1 and state.data is None:
             ctx.target.check_config(resolved, state.size)  # what would fail its build, before a worker starts
     except ConfigError as exc:
-        return rejected("check", str(exc))
+        return rejected(state, "check", str(exc))
     cand = cand.model_copy(update={"patch": patch})
     current = space.resolve(state.incumbent.config)
     settings = [n for n in patch if space[n].user_setting and resolved[n] != current[n]]
     if settings:
-        return rejected("check", f"{', '.join(settings)} is the user's own setting (a limit), not a tuning knob")
+        return rejected(state, "check", f"{', '.join(settings)} is the user's own setting (a limit), not a tuning "
+                                        "knob")
     model_knobs = [n for n in patch if space[n].numerics == "model" and resolved[n] != current[n]]
     if model_knobs and not state.allow_model_changes:
-        return rejected("check", f"{', '.join(model_knobs)} change the model (numerics class model); "
-                                "pass --allow-model-changes to allow that")
+        return rejected(state, "check", f"{', '.join(model_knobs)} change the model (numerics class model); "
+                                        "pass --allow-model-changes to allow that")
     for slot_name, path in cand.kernels.items():
         try:
             unused = ctx.target.slot(slot_name).unused_reason(resolved)
         except ConfigError as exc:
-            return rejected("check", str(exc))
+            return rejected(state, "check", str(exc))
         if unused is not None:
-            return rejected("check", unused)
+            return rejected(state, "check", unused)
         verdict = check_source(Path(path).read_text(encoding="utf-8"), slot_name)
         if not verdict.ok:
-            return rejected("check", verdict.message)
+            return rejected(state, "check", verdict.message)
     kernels = candidate_kernels(state, cand)
     digest = config_digest(resolved, kernels)
     seen = {e.digest: f"candidate #{e.candidate.id}" for e in state.history if e.digest}
     seen[config_digest(current, state.incumbent.kernels)] = "the incumbent"
     if digest in seen:
-        return rejected("check", f"a duplicate of {seen[digest]}")
-    return {"current": cand, "current_digest": digest,
-            "current_numerics_class": numerics_class(state, space, resolved, kernels)}
+        return rejected(state, "check", f"a duplicate of {seen[digest]}")
+    return state.in_flight(candidate=cand, digest=digest,
+                           numerics_class=numerics_class(state, space, resolved, kernels))
 
 
 class IncumbentFailed(RuntimeError):
@@ -313,30 +318,33 @@ class IncumbentFailed(RuntimeError):
 
 def measure(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Side by side against the incumbent; a win must clear the noise floor twice, in fresh processes."""
-    cand, plan = state.current, state.plan
+    cand, plan = state.current.candidate, state.plan
     incumbent, candidate = incumbent_request(state, "bench"), candidate_request(state, cand, "bench")
-    confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
-                               plan.timeout_s, seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds)
+    # its measurements adopt the workers validate started for them
+    confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps, plan.timeout_s,
+                               seed=state.seed + 100 * cand.id, block_seconds=plan.block_seconds, pool=ctx.pool)
     if not confirmation.clean:  # a busy machine judged nothing: measure once more, then refuse in one sentence
-        ctx.event(state.run_dir, "machine-busy", id=cand.id, reason=confirmation.reason)
+        ctx.event(state.run_dir, events.MachineBusy(id=cand.id, reason=confirmation.reason))
         confirmation = confirm_win(incumbent, candidate, state.noise_floor, plan.blocks, plan.block_steps,
-                                   plan.timeout_s, seed=state.seed + 100 * cand.id + 1, block_seconds=plan.block_seconds)
-    discard(prestart_key(incumbent, candidate))  # a spare pair no measurement came to
+                                   plan.timeout_s, seed=state.seed + 100 * cand.id + 1,
+                                   block_seconds=plan.block_seconds, pool=ctx.pool)
+    ctx.pool.discard(prestart_key(incumbent, candidate))  # a spare pair no measurement came to
     path = write_json(state.path("candidates", f"{cand.id:03d}", "ab.json"), confirmation)
     last = confirmation.runs[-1]
-    fields = dict(numerics_class=state.current_numerics_class, numerics_detail=state.current_numerics_detail,
+    fields = dict(numerics_class=state.current.numerics_class, numerics_detail=state.current.numerics_detail,
                   ratio=last.ratio, ci_low=last.ci_low, ci_high=last.ci_high, step_ms=last.step_ms("b"),
-                  artifacts={**state.current_artifacts, "ab": path})
+                  artifacts={**state.current.artifacts, "ab": path})
     if last.failure is not None and last.failed_side == last.a.label:  # side a is the incumbent
-        ctx.event(state.run_dir, "incumbent-failed", id=cand.id, kind=last.failure.kind, reason=last.failure.message)
+        ctx.event(state.run_dir, events.IncumbentFailed(id=cand.id, kind=last.failure.kind,
+                                                        reason=last.failure.message))
         raise IncumbentFailed(f"the incumbent's worker failed while timed beside candidate #{cand.id} "
                               f"({last.failure.kind}: {last.failure.message}); the run stopped with #{cand.id} "
                               f"undecided (details in {path}): resume it with --resume once the cause is fixed")
     if last.failure is not None:
-        return rejected("measure", f"the candidate failed while timed ({last.failure.kind}: {last.failure.message})",
-                       **fields)
-    return {"current_verdict": Verdict(accepted=confirmation.accepted, stage="measure",
-                                       reason=confirmation.reason, **fields)}
+        return rejected(state, "measure", f"the candidate failed while timed ({last.failure.kind}: "
+                                          f"{last.failure.message})", **fields)
+    return state.in_flight(verdict=Verdict(accepted=confirmation.accepted, stage="measure", reason=confirmation.reason,
+                                           **fields))
 
 
 # ----------------------------------------------------------------------------- decide and report
@@ -355,13 +363,12 @@ def final_failed_note(state: RunState, result: ABResult) -> str:
 
 def decide(state: RunState, ctx: RunContext) -> dict[str, Any]:
     """Record the verdict; an accepted candidate becomes the incumbent."""
-    cand, verdict = state.current, state.current_verdict
+    cand, verdict = state.current.candidate, state.current.verdict
     record = Evaluated(candidate=cand, verdict=verdict, incumbent_id=state.incumbent.from_candidate,
-                       config=candidate_config(state, cand), digest=state.current_digest)  # None unless check passed
-    ctx.event(state.run_dir, "decide", id=cand.id, accepted=verdict.accepted, stage=verdict.stage,
-              reason=verdict.reason, ratio=verdict.ratio)
-    updates: dict[str, Any] = {"history": state.history + [record], "current": None, "current_verdict": None,
-                               "current_digest": None, "current_artifacts": {}, "current_numerics_detail": None,
+                       config=candidate_config(state, cand), digest=state.current.digest)  # None unless check passed
+    ctx.event(state.run_dir, events.Decide(id=cand.id, accepted=verdict.accepted, stage=verdict.stage,
+                                           reason=verdict.reason, ratio=verdict.ratio))
+    updates: dict[str, Any] = {"history": state.history + [record], "current": None,
                                "candidate_marks": state.candidate_marks + [own_s(state)]}
     if verdict.accepted:
         updates["incumbent"] = Incumbent(config=candidate_config(state, cand), kernels=candidate_kernels(state, cand),
@@ -386,7 +393,7 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
                 max(plan.blocks, plan.final_blocks), plan.final_pairs, seed=state.seed + 7 + 100 * repeat)
         result, runs = steadier_of_two(final_ab)  # stalled blocks: measured once more, the steadier quoted
         if result.failure is not None:  # a worker that timed out or crashed drops no accepted change: again
-            ctx.event(state.run_dir, "final-retry", kind=result.failure.kind, reason=result.failure.message)
+            ctx.event(state.run_dir, events.FinalRetry(kind=result.failure.kind, reason=result.failure.message))
             write_json(state.path("final_ab_failed.json"), result)
             result, runs = steadier_of_two(lambda repeat: final_ab(repeat + 2))
         note = result.note
@@ -405,5 +412,5 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         updates["report_files"] = ctx.write_report(finished)
     if "final" in updates and updates["final"].ratio is None and updates["final"].note:
         raise FinalMeasurementFailed(updates["final"].note)  # no checkpoint: --resume measures again
-    ctx.event(state.run_dir, "report", stop_reason=state.stop_reason, files=updates.get("report_files", []))
+    ctx.event(state.run_dir, events.Report(stop_reason=state.stop_reason, files=updates.get("report_files", [])))
     return updates

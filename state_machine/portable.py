@@ -34,19 +34,28 @@ def _trace_to_log(text: str, run_dir: str | Path) -> str:
     return f"{kept.strip()} (trace in {TRACES_FILE})".strip()
 
 
-def portable(value: Any, run_dir: str | Path) -> Any:
+def _relative(text: str, prefixes: list[str]) -> str:
+    for prefix in prefixes:
+        if text == prefix:
+            return "."
+        text = text.replace(prefix + "/", "")
+    return text
+
+
+def relative_paths(text: str, run_dir: str | Path) -> str:
+    """``text`` with every path under ``run_dir`` in it made relative to it (the directory itself: ".")."""
+    return _relative(text, _prefixes(run_dir))
+
+
+def portable(value: Any, run_dir: str | Path, traces: bool = True) -> Any:
     """``value`` (JSON-like: dicts, lists, strings, numbers) with every path under ``run_dir`` made relative to it
-    and every stack trace moved to traces.log."""
+    and (with ``traces``) every stack trace moved to traces.log."""
     prefixes = _prefixes(run_dir)
 
     def text(s: str) -> str:
-        if "\n" in s and TRACE.search(s):
+        if traces and "\n" in s and TRACE.search(s):
             s = _trace_to_log(s, run_dir)
-        for prefix in prefixes:
-            if s == prefix:
-                return "."
-            s = s.replace(prefix + "/", "")
-        return s
+        return _relative(s, prefixes)
 
     def walk(v: Any) -> Any:
         if isinstance(v, str):

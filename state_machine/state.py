@@ -10,15 +10,43 @@ so a checkpoint stays small and a report can be rebuilt from the directory alone
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import (AfterValidator, BaseModel, Field, PlainSerializer, SerializationInfo, ValidationInfo,
+                      model_validator)
 
 from profilers.records import Finding
+from state_machine.portable import relative_paths
 from validators.numerics import ReorderCalibration
 
-STATE_SCHEMA_VERSION = 1
+STATE_SCHEMA_VERSION = 2  # 2: the candidate in flight is one InFlight (1: flat current_* fields)
+RUN_DIR = "run_dir"  # the context key that makes RunPath fields relative (dump) or rooted (validate) there
+
+
+def _relative_to_run(path: str, info: SerializationInfo) -> str:
+    """Dumped with ``context={RUN_DIR: dir}``: relative to ``dir`` when under it, else absolute (so that a relative
+    path is never read as one under the run directory)."""
+    run_dir = (info.context or {}).get(RUN_DIR)
+    if run_dir is None:
+        return path
+    relative = relative_paths(path, run_dir)
+    return relative if relative != path or os.path.isabs(path) else os.path.abspath(path)
+
+
+def _rooted_in_run(path: str, info: ValidationInfo) -> str:
+    """Validated with ``context={RUN_DIR: dir}``: a relative path is taken as one under ``dir``."""
+    run_dir = (info.context or {}).get(RUN_DIR)
+    if run_dir is None or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(run_dir, path))
+
+
+# A file or folder of the run directory. In memory it is as the nodes made it (under the run directory as given); a
+# state file (``state_machine.state_file``) stores it relative to the run directory and reads it back under wherever
+# that directory is now. Without a context, it is a plain string both ways (the checkpointer's serializer).
+RunPath = Annotated[str, AfterValidator(_rooted_in_run), PlainSerializer(_relative_to_run)]
 
 CandidateKind = Literal["knob", "kernel"]
 Stage = Literal["check", "validate", "measure"]
@@ -111,7 +139,7 @@ class Candidate(BaseModel):
     id: int
     kind: CandidateKind
     patch: dict[str, Any] = Field(default_factory=dict, description="knob values changed from the incumbent")
-    kernels: dict[str, str] = Field(default_factory=dict, description="slot name -> replacement source file")
+    kernels: dict[str, RunPath] = Field(default_factory=dict, description="slot name -> replacement source file")
     rationale: str
     proposer: str = Field(description="offline:<rule> or llm:<tier>")
     expected_gain: float | None = Field(None, description="the proposer's estimate of the step speedup")
@@ -137,13 +165,32 @@ class Verdict(BaseModel):
                                                     "block medians, in ms")
     ci_low: float | None = None
     ci_high: float | None = None
-    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> file in the run directory")
+    artifacts: dict[str, RunPath] = Field(default_factory=dict, description="name -> file in the run directory")
     wall_s: float = 0.0
 
 
-def rejected(stage: str, reason: str, **fields: Any) -> dict[str, Any]:
-    """The state update that rejects the current candidate at `stage`."""
-    return {"current_verdict": Verdict(accepted=False, stage=stage, reason=reason, **fields)}
+class InFlight(BaseModel):
+    """The candidate being evaluated and what its nodes have found so far. Replaced as a whole: propose starts a
+    fresh one and decide clears it, so nothing found about one candidate is left over for the next."""
+
+    candidate: Candidate
+    verdict: Verdict | None = Field(None, description="set by the node that decided it, read by decide")
+    numerics_class: str | None = Field(None, description="the loosest class of every change since the baseline, "
+                                                         "this one's included (check)")
+    digest: str | None = Field(None, description="config_digest of its resolved config (check)")
+    numerics_detail: str | None = Field(None, description="what the numerics comparison said (validate)")
+    artifacts: dict[str, RunPath] = Field(default_factory=dict, description="name -> file in the run directory")
+
+
+# The flat fields that held the candidate in flight before InFlight, and the InFlight field each maps to.
+FLAT_IN_FLIGHT = {"current_verdict": "verdict", "current_numerics_class": "numerics_class",
+                  "current_digest": "digest", "current_numerics_detail": "numerics_detail",
+                  "current_artifacts": "artifacts"}
+
+
+def rejected(state: "RunState", stage: str, reason: str, **fields: Any) -> dict[str, Any]:
+    """The state update that rejects the candidate in flight at `stage`."""
+    return state.in_flight(verdict=Verdict(accepted=False, stage=stage, reason=reason, **fields))
 
 
 class Evaluated(BaseModel):
@@ -158,7 +205,7 @@ class Incumbent(BaseModel):
     """The best configuration so far: the baseline's overrides plus every accepted change."""
 
     config: dict[str, Any] = Field(default_factory=dict, description="knob overrides (the rest are defaults)")
-    kernels: dict[str, str] = Field(default_factory=dict, description="slot -> accepted source file")
+    kernels: dict[str, RunPath] = Field(default_factory=dict, description="slot -> accepted source file")
     from_candidate: int | None = None
     est_speedup: float = Field(1.0, description="product of accepted side-by-side speedups (an estimate; the "
                                                 "report re-measures baseline against best directly)")
@@ -174,11 +221,11 @@ class Lane(BaseModel):
 
 
 class Baseline(BaseModel):
-    numerics_file: str
+    numerics_file: RunPath
     quality: dict[str, float] | None = None
     step_ms: float = Field(description="median step time from the A/A calibration blocks")
     noise_floor: float
-    calibration_file: str
+    calibration_file: RunPath
     reorder: ReorderCalibration = Field(default_factory=ReorderCalibration,
                                         description="the reorder bands calibrated on the baseline")
     resolved_config: dict[str, Any] = Field(default_factory=dict)
@@ -192,7 +239,7 @@ class Recalibration(BaseModel):
     after_candidate: int = Field(description="the accepted candidate the incumbent came from")
     step_ms: float = Field(description="median step time of the incumbent in its A/A blocks")
     noise_floor: float
-    calibration_file: str
+    calibration_file: RunPath
 
 
 class FinalMeasurement(BaseModel):
@@ -203,7 +250,7 @@ class FinalMeasurement(BaseModel):
     ci_low: float | None = None
     ci_high: float | None = None
     verdict: str
-    file: str
+    file: RunPath
     note: str | None = Field(None, description="set when the first final measurement was disturbed and repeated")
     clean: bool = Field(True, description="False: measured beside outside load or without the machine's lock "
                                           "(validators.speedup.ABResult.clean): not a figure to quote")
@@ -213,7 +260,7 @@ class FinalMeasurement(BaseModel):
 class RunState(BaseModel):
     version: int = STATE_SCHEMA_VERSION
     run_id: str
-    run_dir: str
+    run_dir: RunPath
     target: str
     size: str
     device: str = "cpu"
@@ -233,18 +280,13 @@ class RunState(BaseModel):
     baseline: Baseline | None = None
     incumbent: Incumbent = Field(default_factory=Incumbent)
     findings: list[Finding] = Field(default_factory=list)
-    profiles: list[str] = Field(default_factory=list, description="profile files, one per diagnosis")
+    profiles: list[RunPath] = Field(default_factory=list, description="profile files, one per diagnosis")
     recalibrations: list[Recalibration] = Field(default_factory=list, description="noise floors calibrated again "
                                                 "on faster incumbents (nodes.diagnose); the last one is in force")
 
     queue: list[Candidate] = Field(default_factory=list, description="proposed, not yet tried")
-    current: Candidate | None = Field(None, description="the candidate in flight")
+    current: InFlight | None = Field(None, description="the candidate in flight, and what is known of it so far")
     batch: list[Candidate] = Field(default_factory=list, description="the candidates in flight at once (--gpus)")
-    current_verdict: Verdict | None = Field(None, description="set by the node that decided it, read by decide")
-    current_numerics_class: str | None = None
-    current_digest: str | None = None
-    current_numerics_detail: str | None = None
-    current_artifacts: dict[str, str] = Field(default_factory=dict)
     history: list[Evaluated] = Field(default_factory=list)
     next_id: int = 1
     proposal_rounds: int = 0
@@ -260,7 +302,24 @@ class RunState(BaseModel):
     spent_usd: float = 0.0
     stop_reason: str | None = None
     final: FinalMeasurement | None = None
-    report_files: list[str] = Field(default_factory=list)
+    report_files: list[RunPath] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _in_flight_from_flat_fields(cls, data: Any) -> Any:
+        """A state written before ``InFlight`` (a checkpoint, a state file) held the candidate itself in ``current``
+        and what was found of it in flat ``current_*`` fields (FLAT_IN_FLIGHT): they become its InFlight."""
+        if not isinstance(data, dict):
+            return data
+        current = data.get("current")
+        flat = isinstance(current, Candidate) or isinstance(current, dict) and "candidate" not in current
+        if not flat and not FLAT_IN_FLIGHT.keys() & data.keys():
+            return data
+        found = {new: data[old] for old, new in FLAT_IN_FLIGHT.items() if data.get(old) is not None}
+        data = {k: v for k, v in data.items() if k not in FLAT_IN_FLIGHT} | {"version": STATE_SCHEMA_VERSION}
+        if flat:
+            data["current"] = {"candidate": current, **found}
+        return data
 
     @model_validator(mode="after")
     def _kernel_dtypes_from_device(self) -> "RunState":
@@ -273,6 +332,10 @@ class RunState(BaseModel):
     def path(self, *parts: str) -> Path:
         """A file or folder under the run directory."""
         return Path(self.run_dir).joinpath(*parts)
+
+    def in_flight(self, **found: Any) -> dict[str, Any]:
+        """The update that records what a node found of the candidate in flight (``InFlight``'s fields)."""
+        return {"current": self.current.model_copy(update=found)}
 
     def spent_in(self, node: str, seconds: float) -> dict[str, Any]:
         """The updates that book `seconds` more of wall time to `node`: the run's total, the node's and its longest

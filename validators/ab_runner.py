@@ -2,8 +2,9 @@
 the parent's clock times each block.
 
 ``validators.speedup`` decides what to measure and how to judge it; this module only runs the two timing workers
-(``validators.timing_worker``), adopting the ones started ahead for it (``validators.started_ahead``) and holding
-the spare pair for the measurement after it. On a GPU both sides build at once; on a CPU one after the other.
+(``validators.timing_worker``), adopting the ones started ahead for it from the pool it is given
+(``validators.started_ahead.WorkerPool``) and holding the spare pair for the measurement after it. On a GPU both
+sides build at once; on a CPU one after the other.
 
 A block's time is the parent's: ``time.perf_counter`` here, from just before its run command is written to just
 after its answer is read, a window that holds nothing but the timed steps (their untimed drain is a command of its
@@ -27,17 +28,17 @@ from targets.worker_protocol import WorkerRequest
 from validators import started_ahead, timing_worker
 from validators.machine_load import LoadMeter
 from validators.machine_pressure import stall_shares, stall_totals
-from validators.started_ahead import Prestarted, adopt, drop, prestart_key
+from validators.started_ahead import Prestarted, WorkerPool, prestart_key
 from validators.timing_worker import Side, SideFailed, TimingWorker, resume, shared_cpus, stop_below
 
 CHECK_RATE = 0.5  # the chance that a block of a side with replaced kernels is preceded by a spot-checked step
 HOLD_SWITCH = "SG_OPT_HOLD_IDLE_SIDE"  # "0": an idle side's loader workers keep running during the other's block
-# The worker's own window around its steps against the parent's. Over: nothing but clock granularity and rates lets
-# a window exceed the time that passed, so 2% and 2 ms. Under: the parent's window also holds the exchange (a pipe
-# each way, a JSON line, a thread's wake-up: under 1 ms on the 2-core VM, hence 20 ms for a busy scheduler; but
-# 38-49 ms on an H100 host for blocks of two tiny steps, 2026-12-06, cause not yet found, hence 60 ms on a GPU);
-# 25% is far short of a clock slowed even 1.5-fold (33% missing). The verdict never uses the worker's times, so the
-# check need not be tight: it says that something tampered with the worker's clocks.
+# The worker's own window around its steps (and their losses' read-back) against the parent's. Over: nothing but
+# clock granularity and rates lets a window exceed the time that passed, so 2% and 2 ms. Under: the parent's window
+# also holds the exchange (a pipe each way, a JSON line, a thread's wake-up: under 1 ms on the 2-core VM and on an
+# H100 host, 2026-12-06, benchmarks/exchange_latency.py; hence 20 ms for a busy scheduler). 25% is far short of a
+# clock slowed even 1.5-fold (33% missing). The verdict never uses the worker's times, so the check need not be
+# tight: it says that something tampered with the worker's clocks.
 CLOCK_OVER = (0.02, 0.002)
 CLOCK_UNDER = (0.25, 0.020)
 
@@ -87,12 +88,14 @@ class Block:
 
 class ABRunner:
     """Two live workers, started and warmed up (at once on a GPU, else one after the other), always torn
-    down on exit; ``roots`` are the code trees they run in (None: the caller's)."""
+    down on exit; ``roots`` are the code trees they run in (None: the caller's); ``pool`` holds the workers
+    started ahead for it, if any (None: it starts its own)."""
 
     def __init__(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
                  labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
-                 roots: tuple[str | None, str | None] = (None, None)):
+                 roots: tuple[str | None, str | None] = (None, None), pool: WorkerPool | None = None):
         self.specs, self.labels, self.timeout_s = {"a": a, "b": b}, dict(zip(("a", "b"), labels)), timeout_s
+        self.pool = pool
         self.roots = dict(zip(("a", "b"), roots))
         self.cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
         self.workers: dict[str, TimingWorker] = {}
@@ -110,7 +113,7 @@ class ABRunner:
         self.deadline = time.monotonic() + self.timeout_s
         key = prestart_key(self.specs["a"], self.specs["b"], (self.labels["a"], self.labels["b"]), self.cpus,
                            (self.roots["a"], self.roots["b"]))
-        ahead, spares = adopt(key)
+        ahead, spares = self.pool.adopt(key) if self.pool is not None else (None, [])
         self.started_ahead = False
         if ahead is not None:
             try:
@@ -130,7 +133,7 @@ class ABRunner:
                 try:
                     spare.wait_and_hold(spare_deadline)
                 except SideFailed:
-                    drop(key, spare)
+                    self.pool.drop(key, spare)
         except BaseException as exc:
             self.__exit__(type(exc), exc, None)
             raise

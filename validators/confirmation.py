@@ -13,6 +13,7 @@ from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import CONFIDENCE, RESAMPLES, bootstrap_ratio_ci, decide, paired_ratio
 from validators.machine_load import pooled_load
 from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides, measure_ab
+from validators.started_ahead import WorkerPool
 from validators.steadiness import drift
 
 EXTENSION_SEED = 1000  # the bootstrap seed offset of an extension's own interval
@@ -86,12 +87,13 @@ def across_process_pairs(measure: Callable[[int, int], ABResult], blocks: int, p
 
 def measure_settled(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
                     steps_per_block: int, timeout_s: float, first: ABResult | None = None, *, seed: int = 0,
-                    cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> list[ABResult]:
+                    cpus: Sequence[int] | None = None, block_seconds: float = 0.0,
+                    pool: WorkerPool | None = None) -> list[ABResult]:
     """A measurement of the candidate against the incumbent, extended once when it ``leans_faster``: the
-    runs made, the pooled one last, whose verdict stands."""
+    runs made, the pooled one last, whose verdict stands. ``pool``: the run's workers started ahead."""
     def measure(run_seed: int) -> ABResult:
         result = measure_ab(incumbent, candidate, blocks, steps_per_block, timeout_s, floor=floor, seed=run_seed,
-                            cpus=cpus, block_seconds=block_seconds)
+                            cpus=cpus, block_seconds=block_seconds, pool=pool)
         assert_sides(result, incumbent, candidate)
         return result
     if first is None:
@@ -124,11 +126,12 @@ def _said(runs: Sequence[ABResult]) -> str:
 
 def confirm_win(incumbent: WorkerRequest, candidate: WorkerRequest, floor: NoiseFloor | float, blocks: int,
                 steps_per_block: int, timeout_s: float, first: ABResult | None = None, *,
-                seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0) -> Confirmation:
+                seed: int = 0, cpus: Sequence[int] | None = None, block_seconds: float = 0.0,
+                pool: WorkerPool | None = None) -> Confirmation:
     """Accept a win only if a second measurement, in fresh processes, also says ``faster`` (each of the two
     extended once when it leans faster; see ``measure_settled``), and every measurement made was clean
     (``ABResult.clean``): a win from a loaded machine is refused with ``clean`` False, the candidate unjudged."""
-    settle = dict(seed=seed, cpus=cpus, block_seconds=block_seconds)
+    settle = dict(seed=seed, cpus=cpus, block_seconds=block_seconds, pool=pool)
     runs = measure_settled(incumbent, candidate, floor, blocks, steps_per_block, timeout_s, first, **settle)
     if runs[-1].verdict != "faster":
         return Confirmation(accepted=False, reason=f"the first measurement {_said(runs)}, not faster", runs=runs)

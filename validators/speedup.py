@@ -117,7 +117,7 @@ from validators.ab_runner import ABRunner, Block
 from validators.machine_load import LoadPolicy, LoadRecord, snapshot, wait_for_quiet
 from validators.machine_pressure import pressure_note
 from targets.machine_lease import WAIT_S, Lease, LeaseTimeout, device_keys
-from validators.started_ahead import discard, prestart
+from validators.started_ahead import WorkerPool
 from validators.timing_worker import Side, SideFailed, shared_cpus
 from validators.ab_stats import (CONFIDENCE, MIN_FLOOR, RESAMPLES, Verdict, analyse, bias_plus_noise, block_order,
                                  floor_from)
@@ -209,7 +209,7 @@ class ABResult(BaseModel):
     pools: int = Field(1, description="how many measurements, each in fresh workers, this result's blocks come "
                                       "from (see validators.confirmation.pooled)")
     started_ahead: bool = Field(False, description="its workers were started before it, while the candidate's "
-                                                   "numerics run was judged (started_ahead.prestart)")
+                                                   "numerics run was judged (started_ahead.WorkerPool)")
     note: str | None = Field(None, description="why this run is the one quoted, when another was made (see "
                                                "validators.steadiness.steadier_of_two), or why it ran fewer blocks "
                                                "than asked (measure_ab's settled_below)")
@@ -363,13 +363,15 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                floor: float | NoiseFloor = UNCALIBRATED_FLOOR, resamples: int = RESAMPLES, seed: int = 0,
                cpus: Sequence[int] | None = None, roots: tuple[str | None, str | None] = (None, None),
                block_seconds: float = 0.0, settled_below: float | None = None,
-               load_policy: LoadPolicy | None = None, lock_wait_s: float = WAIT_S) -> ABResult:
+               load_policy: LoadPolicy | None = None, lock_wait_s: float = WAIT_S,
+               pool: WorkerPool | None = None) -> ABResult:
     """Measure b against a side by side in fresh workers pinned to ``cpus`` (default ``shared_cpus``), each
     in its code tree of ``roots`` (None: the caller's), in blocks of at least ``block_seconds`` (see
     ``equal_time_steps``), under the devices' measurement lock (waiting up to ``lock_wait_s``) and the load policy
     (``run_pairs``); ``failed`` verdicts carry the failure. With ``settled_below``, the run ends at half its blocks
     when its bias plus half-width there is already below that (``calibrate_noise_floor``). The ``timeout_s`` of its
-    workers does not count the waits for the lock or for outside load to drop."""
+    workers does not count the waits for the lock or for outside load to drop. Workers started ahead for it are
+    adopted from ``pool`` (None: none are; it starts its own)."""
     if blocks < 2 or blocks % 2 or steps_per_block < 1:
         raise ValueError("measure_ab needs an even number (>= 2) of blocks per side, so each side goes first "
                          "equally often, and at least 1 step per block")
@@ -403,7 +405,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
         with contextlib.ExitStack() as stack:
             # shared while the workers build (never beside another measurement's blocks), exclusive for the blocks
             record.unlocked = _lease(stack, lease)
-            runner = stack.enter_context(ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots))
+            runner = stack.enter_context(ABRunner(a, b, timeout_s, (label_a, label_b), cpus, roots, pool))
             paused = time.monotonic()
             if record.unlocked is None:
                 try:
@@ -467,24 +469,27 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
                           cpus: Sequence[int] | None = None, root: str | None = None,
                           block_seconds: float = 0.0, spares: bool = True,
                           on_run: Callable[[ABResult], None] | None = None,
-                          done: Sequence[ABResult] = ()) -> NoiseFloor:
+                          done: Sequence[ABResult] = (), pool: WorkerPool | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
     floor from the worst run; ``on_run`` sees each run as it ends (progress, or keeping it: a calibration killed
     half-way is resumed with the runs it finished as ``done``, and runs only the rest).
 
     With ``spares``, where builds overlap (a GPU) and memory allows, the later runs' workers start with the first
-    run's (``started_ahead.prestart``), ready and held before its timed blocks: at `large-cached` on an H200 (2026-12-04)
-    each A/A run after the first waited 15.8-22.0 s for its own workers (three calibrations). Calibrations that run
-    beside each other (lanes of --gpus) pass False: a spare would build beside the other lanes' timed blocks."""
+    run's (``WorkerPool.prestart``, in ``pool`` or else in a pool of its own, closed when it returns), ready and held
+    before its timed blocks: at `large-cached` on an H200 (2026-12-04) each A/A run after the first waited 15.8-22.0 s
+    for its own workers (three calibrations). Calibrations that run beside each other (lanes of --gpus) pass False:
+    a spare would build beside the other lanes' timed blocks."""
     labels, roots = ("A1", "A2"), (root, root)
     runs = list(done)[:repeats]
     left = repeats - len(runs)
-    key = prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=left) if spares and left > 1 else None
+    owned = pool is None
+    pool = WorkerPool() if owned else pool
+    key = pool.prestart(spec, spec, timeout_s, labels, cpus, roots, pairs=left) if spares and left > 1 else None
     try:
         for r in range(len(runs), repeats):
             run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, *labels, floor=MIN_FLOOR,
                              resamples=resamples, seed=seed + r, cpus=cpus, roots=roots, block_seconds=block_seconds,
-                             settled_below=MIN_FLOOR / 2)
+                             settled_below=MIN_FLOOR / 2, pool=pool)
             if on_run is not None:
                 on_run(run)
             if run.failure is not None:
@@ -492,6 +497,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
                                         run.failure)
             runs.append(run)
     finally:
-        if key is not None:
-            discard(key)  # what a failed run left unused
+        pool.discard(key)  # what a failed run left unused
+        if owned:
+            pool.close()
     return NoiseFloor(floor=floor_from([(r.ratio, r.ci_low, r.ci_high) for r in runs]), runs=runs)

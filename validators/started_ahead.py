@@ -1,10 +1,11 @@
 """Timing workers started ahead of their measurement, and the spare pair for the measurement after it.
 
-On a GPU the agent starts a candidate's measurement workers ahead (``prestart``), while the candidate's
+On a GPU the agent starts a candidate's measurement workers ahead (``WorkerPool.prestart``), while the candidate's
 numerics run is still being judged: a timing worker at `large` on an H200 took 12.1 s to get ready (medians
 of 52, 2026-11-30), time that otherwise comes after the verdict, once per measured candidate. The measurement
-that asks for exactly those workers (same specs, labels, CPUs and code trees) adopts them (``adopt``); a rejected
-candidate's are killed (``discard``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run
+that asks for exactly those workers (same specs, labels, CPUs and code trees) adopts them from the same pool
+(``WorkerPool.adopt``); a rejected candidate's are killed (``WorkerPool.discard``), and whatever is left when the
+run ends (``WorkerPool.close``); ``SG_OPT_PRESTART=0`` turns it off. Their timed blocks still run
 only after both are ready and the numerics run has ended, so the validation's work never overlaps a
 timed block. Where memory allows (``pairs_that_fit``), a second pair starts with them for the measurement
 after the first (an extension, a confirmation): the first measurement waits for it to be ready too and stops
@@ -13,11 +14,10 @@ the processes below it (loader workers) until its own measurement adopts it.
 
 from __future__ import annotations
 
-import atexit
 import os
 import tempfile
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from targets.worker_protocol import WorkerRequest
 from validators import timing_worker
@@ -88,14 +88,6 @@ class Prestarted:
         self.folder.cleanup()
 
 
-# Pairs started ahead for the measurements of one key, in the order they will be adopted: the first measurement's,
-# then spares for the ones after it (a measurement extended because it leaned faster, the confirmation of a win),
-# each of which would otherwise start its own pair once the one before it has ended (12.7-18.3 s until ready at
-# large-cached on an H200, 2026-12-03: 9 of the x12.37 run's 18 measurements).
-_prestarted: dict[PrestartKey, list[Prestarted]] = {}
-_prestarted_lock = threading.Lock()
-
-
 def prestart_key(a: WorkerRequest, b: WorkerRequest, labels: tuple[str, str] = ("incumbent", "candidate"),
                  cpus: Sequence[int] | None = None,
                  roots: tuple[str | None, str | None] = (None, None)) -> PrestartKey:
@@ -104,60 +96,93 @@ def prestart_key(a: WorkerRequest, b: WorkerRequest, labels: tuple[str, str] = (
     return (a.model_dump_json(), b.model_dump_json(), tuple(labels), tuple(cpus), tuple(roots))
 
 
-def prestart(a: WorkerRequest, b: WorkerRequest, timeout_s: float,
-             labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
-             roots: tuple[str | None, str | None] = (None, None), force: bool = False,
-             pairs: int = 1) -> PrestartKey | None:
-    """Start the workers of the coming ``ABRunner``s with these arguments now: `pairs` pairs where they fit in
-    memory (``pairs_that_fit``; one for ranked sides), each adopted by one measurement in turn. Only where both
-    sides build at once (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores
-    of the work they are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
-    if not (force or (timing_worker.overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
-        return None
-    cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
-    key = prestart_key(a, b, labels, cpus, roots)
-    discard(key)
-    entries = []
-    ranked = a.ranks > 1 or b.ranks > 1  # a spare's ranks would wait in their collectives, stopped or not
-    for _ in range(pairs_that_fit(1 if ranked else pairs)):
-        folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
-        entries.append(Prestarted(timing_worker.spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name, cpus,
-                                          dict(zip("ab", roots)), timeout_s, ("a", "b")), folder))
-    with _prestarted_lock:
-        _prestarted[key] = entries
-    return key
+class WorkerPool:
+    """The workers started ahead for the measurements of one run (or of one command that measures), by key: made by
+    whoever builds the run, handed to what starts workers (the validate node, a calibration) and to what adopts them
+    (``ABRunner``), and closed when the run ends, which kills and reaps whatever no measurement came to.
 
+    Under one key, the pairs wait in the order they will be adopted: the first measurement's, then spares for the ones
+    after it (a measurement extended because it leaned faster, the confirmation of a win), each of which would
+    otherwise start its own pair once the one before it has ended (12.7-18.3 s until ready at large-cached on an
+    H200, 2026-12-03: 9 of the x12.37 run's 18 measurements). Thread-safe: the lanes of --gpus share one pool."""
 
-def adopt(key: PrestartKey) -> tuple[Prestarted | None, list[Prestarted]]:
-    """The next pair started ahead under `key` (None: none), and the spares left after it."""
-    with _prestarted_lock:
-        entries = _prestarted.get(key)
-        if not entries:
-            return None, []
-        entry = entries.pop(0)
-        if not entries:
-            del _prestarted[key]
-        return entry, list(entries)
+    def __init__(self) -> None:
+        self._waiting: dict[PrestartKey, list[Prestarted]] = {}
+        self._lock = threading.Lock()
 
+    def prestart(self, a: WorkerRequest, b: WorkerRequest, timeout_s: float,
+                 labels: tuple[str, str] = ("incumbent", "candidate"), cpus: Sequence[int] | None = None,
+                 roots: tuple[str | None, str | None] = (None, None), force: bool = False,
+                 pairs: int = 1) -> PrestartKey | None:
+        """Start the workers of the coming ``ABRunner``s with these arguments now: `pairs` pairs where they fit in
+        memory (``pairs_that_fit``; one for ranked sides), each adopted by one measurement in turn. Only where both
+        sides build at once (``overlap_builds``: a GPU; ``force`` for tests), since on a CPU they would take the cores
+        of the work they are meant to overlap. Returns the key to ``discard`` them by (None: not started)."""
+        if not (force or (timing_worker.overlap_builds(a, b) and os.environ.get(PRESTART_SWITCH, "1") != "0")):
+            return None
+        cpus = list(cpus) if cpus is not None else shared_cpus(a, b)
+        key = prestart_key(a, b, labels, cpus, roots)
+        self.discard(key)
+        entries = []
+        ranked = a.ranks > 1 or b.ranks > 1  # a spare's ranks would wait in their collectives, stopped or not
+        for _ in range(pairs_that_fit(1 if ranked else pairs)):
+            folder = tempfile.TemporaryDirectory(prefix="sg-opt-ab-")
+            entries.append(Prestarted(timing_worker.spawn({"a": a, "b": b}, dict(zip("ab", labels)), folder.name,
+                                                          cpus, dict(zip("ab", roots)), timeout_s, ("a", "b")),
+                                      folder))
+        with self._lock:
+            self._waiting[key] = entries
+        return key
 
-def drop(key: PrestartKey, entry: Prestarted) -> None:
-    """Close one pair started ahead (a spare that failed while it waited), so that its measurement starts afresh."""
-    with _prestarted_lock:
-        entries = _prestarted.get(key, [])
-        if entry in entries:
-            entries.remove(entry)
-        if not entries:
-            _prestarted.pop(key, None)
-    entry.close()
+    def waiting(self, key: PrestartKey) -> list[Prestarted]:
+        """The pairs still waiting under `key`, first to be adopted first."""
+        with self._lock:
+            return list(self._waiting.get(key, []))
 
+    def __len__(self) -> int:
+        """How many pairs wait, under every key."""
+        with self._lock:
+            return sum(len(entries) for entries in self._waiting.values())
 
-def discard(key: PrestartKey | None = None) -> None:
-    """Kill the workers started ahead under ``key`` (None: all of them), if no measurement adopted them."""
-    with _prestarted_lock:
-        gone = [_prestarted.pop(k) for k in ([key] if key is not None else list(_prestarted)) if k in _prestarted]
-    for entries in gone:
-        for entry in entries:
+    def adopt(self, key: PrestartKey) -> tuple[Prestarted | None, list[Prestarted]]:
+        """The next pair started ahead under `key` (None: none), and the spares left after it."""
+        with self._lock:
+            entries = self._waiting.get(key)
+            if not entries:
+                return None, []
+            entry = entries.pop(0)
+            if not entries:
+                del self._waiting[key]
+            return entry, list(entries)
+
+    def drop(self, key: PrestartKey, entry: Prestarted) -> None:
+        """Close one pair started ahead (a spare that failed while it waited), so that its measurement starts
+        afresh."""
+        with self._lock:
+            entries = self._waiting.get(key, [])
+            if entry in entries:
+                entries.remove(entry)
+            if not entries:
+                self._waiting.pop(key, None)
+        entry.close()
+
+    def discard(self, key: PrestartKey | None) -> None:
+        """Kill the workers started ahead under ``key`` (None: nothing), if no measurement adopted them."""
+        with self._lock:
+            gone = self._waiting.pop(key, []) if key is not None else []
+        for entry in gone:
             entry.close()
 
+    def close(self) -> None:
+        """Kill and reap every worker still waiting, under every key."""
+        with self._lock:
+            gone = [entry for entries in self._waiting.values() for entry in entries]
+            self._waiting.clear()
+        for entry in gone:
+            entry.close()
 
-atexit.register(discard)
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from state_machine import events
 from state_machine.context import RunContext
 from state_machine.llm_conversation import Ask, converse
 from state_machine.prompt import SYSTEM, build_messages, build_prompt  # noqa: F401 (the proposer's prompt)
@@ -130,8 +131,8 @@ def propose_llm(state: RunState, ctx: RunContext) -> list[Proposal]:
     entry = repair_target(state, ctx.policy)
     request = repair_request(state, entry, ctx.policy) if entry is not None else ""
     if entry is not None:
-        ctx.event(state.run_dir, "kernel-repair", of=entry.candidate.id, slots=list(entry.candidate.kernels),
-                  stage=entry.verdict.stage, reason=entry.verdict.reason)
+        ctx.event(state.run_dir, events.KernelRepair(of=entry.candidate.id, slots=list(entry.candidate.kernels),
+                                                     stage=entry.verdict.stage, reason=entry.verdict.reason))
     ask = Ask(NODE, "kernel-repair" if entry is not None else "propose", build_messages(state, ctx, request),
               REPLY_SCHEMA, SCHEMA_NAME)
     reply = converse(state, ctx, ask, Reply)

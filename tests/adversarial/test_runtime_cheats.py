@@ -84,7 +84,7 @@ def test_the_validate_node_rejects_the_bf16_cheat_naming_dtype_shape_and_error(t
     state = RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny", current=cand,
                      plan=EvalPlan(kernel_dtypes=["float32", "float16", "bfloat16"], timeout_s=120.0))
     rejection, summary = _kernel_verdicts(state, None, cand)
-    reason = rejection["current_verdict"].reason
+    reason = rejection["current"].verdict.reason
     assert reason.startswith("kernel tail_forward (bfloat16) failed its accuracy check: tail_forward is inaccurate "
                              "in bfloat16 at shape {'B': 64, 'Ht': 96, 'K': 50, 'G': 7, 'F': 13, 'bias': 1} (call 1")
     assert "relative error" in reason and "worst element off by" in reason

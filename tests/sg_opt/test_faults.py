@@ -24,7 +24,7 @@ from sg_opt.cli import app
 from sg_opt.gate import prune_left_behind
 from sg_opt.report import load_state
 from sg_opt.run_store import RunRequest, create_run
-from state_machine import nodes
+from state_machine import events, nodes
 from state_machine.context import RunContext
 from state_machine.node_clock import CLOCK_FILE
 from state_machine.portable import TRACES_FILE, portable
@@ -119,12 +119,13 @@ def test_an_event_keeps_paths_relative_and_moves_a_trace_to_the_log(tmp_path):
     run_dir = tmp_path / "runs" / "r"
     run_dir.mkdir(parents=True)
     trace = 'Traceback (most recent call last):\n  File "/x/y.py", line 3, in f\n    g()\nValueError: bad'
-    RunContext(target=None).event(str(run_dir), "incumbent-failed",
-                                  reason=f"details in {run_dir}/candidates/001/ab.json",
-                                  files=[str(run_dir / "report.md")], detail=trace)
-    record = json.loads((run_dir / "events.jsonl").read_text())
-    assert record["reason"] == "details in candidates/001/ab.json" and record["files"] == ["report.md"]
-    assert record["detail"] == f"ValueError: bad (trace in {TRACES_FILE})"
+    ctx = RunContext(target=None)
+    ctx.event(str(run_dir), events.IncumbentFailed(id=1, kind="crash",
+                                                   reason=f"details in {run_dir}/candidates/001/ab.json"))
+    ctx.event(str(run_dir), events.Report(stop_reason=trace, files=[str(run_dir / "report.md")]))
+    failed, report = (json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines())
+    assert failed["reason"] == "details in candidates/001/ab.json" and report["files"] == ["report.md"]
+    assert report["stop_reason"] == f"ValueError: bad (trace in {TRACES_FILE})"
     assert 'File "/x/y.py", line 3' in (run_dir / TRACES_FILE).read_text()
     assert portable({"a": str(run_dir.resolve())}, str(run_dir)) == {"a": "."}
 

@@ -8,23 +8,24 @@ from rich.console import Console
 
 from sg_opt.optimize import LiveView
 from sg_opt.run_store import RunRequest
+from state_machine import events
 
 EVENTS = [
-    {"event": "setup"},
-    {"event": "baseline", "step_ms": 314.5, "noise_floor": 0.01},
-    {"event": "diagnose"},
-    {"event": "propose", "id": 1, "patch": {"tail_backend": "slots"}, "kernels": []},
-    {"event": "numerics-retry", "id": 1, "kind": "oom", "reason": "out of memory: CUDA"},
-    {"event": "validated", "id": 1, "numerics_class": "reorder", "detail": "reorder numerics hold", "wall_s": 41.2,
-     "build_s": 36.1, "stage_s": {"steps": 2.0, "probe": 0.4, "digest": 2.5}},
-    {"event": "decide", "id": 1, "accepted": True, "stage": "measure", "reason": "faster twice"},
-    {"event": "recalibrate", "after": 1, "step_ms": 124.8, "noise_floor": 0.0165},
-    {"event": "profile-disturbed", "slowdown": 1.79, "reason": "its steps ran x1.79 slower without the profiler than "
-                                                               "measured; profiled again"},
-    {"event": "diagnose", "distorted": "the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it)"},
-    {"event": "propose", "id": 2, "patch": {"data_workers": 2}, "kernels": []},
-    {"event": "decide", "id": 2, "accepted": False, "stage": "measure", "reason": "no-difference"},
-    {"event": "report", "stop_reason": "max-minutes: 20.0 minutes used of 20"},
+    events.Setup(target="haste-rec", size="xl", tier="offline", device="cuda"),
+    events.Baseline(step_ms=314.5, noise_floor=0.01),
+    events.Diagnose(),
+    events.Propose(id=1, kind="knob", patch={"tail_backend": "slots"}, kernels=[]),
+    events.NumericsRetry(id=1, kind="oom", reason="out of memory: CUDA"),
+    events.Validated(id=1, numerics_class="reorder", detail="reorder numerics hold", wall_s=41.2, build_s=36.1,
+                     stage_s={"steps": 2.0, "probe": 0.4, "digest": 2.5}),
+    events.Decide(id=1, accepted=True, stage="measure", reason="faster twice"),
+    events.Recalibrate(after=1, step_ms=124.8, noise_floor=0.0165),
+    events.ProfileDisturbed(slowdown=1.79, reason="its steps ran x1.79 slower without the profiler than measured; "
+                                                  "profiled again"),
+    events.Diagnose(distorted="the profiler made its steps x2.66 slower (65.67 against 24.66 ms without it)"),
+    events.Propose(id=2, kind="knob", patch={"data_workers": 2}, kernels=[]),
+    events.Decide(id=2, accepted=False, stage="measure", reason="no-difference"),
+    events.Report(stop_reason="max-minutes: 20.0 minutes used of 20"),
 ]
 
 
@@ -72,9 +73,9 @@ def test_a_terminal_gets_the_live_view():
 def test_the_baseline_says_what_it_is_doing():
     live, out = view(terminal=False)
     with live:
-        live.on_event({"event": "baseline-stage", "stage": "numerics fingerprint (20 steps)"})
-        live.on_event({"event": "baseline-stage", "stage": "A/A noise floor: 1 run(s) of 12 blocks per side",
-                       "cut": "A/A calibration cut to fit 35% of --max-minutes 10 in the baseline"})
+        live.on_event(events.BaselineStage(stage="numerics fingerprint (20 steps)"))
+        live.on_event(events.BaselineStage(stage="A/A noise floor: 1 run(s) of 12 blocks per side",
+                                           cut="A/A calibration cut to fit 35% of --max-minutes 10 in the baseline"))
     text = out.getvalue()
     assert "baseline: numerics fingerprint (20 steps)" in text
     assert "(A/A calibration cut to fit 35% of --max-minutes 10 in the baseline)" in text

@@ -160,11 +160,11 @@ def test_the_check_node_rejects_a_kernel_training_would_not_call(run, tmp_path):
     source = tmp_path / "k.py"
     source.write_text(WRONG_TAIL)
     unset = checked(state, ctx, make_candidate(kind="kernel", kernels={"tail_forward": str(source)}))
-    assert unset["current_verdict"].reason == ("training calls a replacement of kernel slot tail_forward only with "
+    assert unset["current"].verdict.reason == ("training calls a replacement of kernel slot tail_forward only with "
                                                "tail_backend slots or triton (it is torch)")
     embedding = checked(state, ctx, make_candidate(kind="kernel", kernels={"embedding_pool_forward": str(source)},
                                                    patch={"data_workers": 2}))
-    assert "training never calls kernel slot embedding_pool_forward" in embedding["current_verdict"].reason
+    assert "training never calls kernel slot embedding_pool_forward" in embedding["current"].verdict.reason
 
 
 def rejected_kernel(state: RunState, cid: int, source: str, repair_of: int | None = None, stage: str = "validate",

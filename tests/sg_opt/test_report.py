@@ -148,9 +148,23 @@ def test_report_rebuilds_the_same_files_from_a_moved_run_directory(agent_run, tm
         assert WALL.sub("", rewritten) == WALL.sub("", first), name
 
 
-def test_report_of_a_directory_without_checkpoint_reads_summary_json(agent_run, tmp_path):
+def test_the_runs_state_file_is_its_last_checkpoint_with_no_absolute_path(agent_run):
+    from state_machine import graph
+    from state_machine.context import RunContext
+    from state_machine.state_file import read_saved, read_state, rooted
+
+    text = (agent_run / "state.json").read_text()
+    assert str(agent_run.resolve()) not in text and str(agent_run) not in text
+    assert read_saved(agent_run).next == []  # the run ended
+    app = graph.compile_graph(RunContext(target=None), agent_run)
+    checkpointed = graph.current_state(app, graph.thread(summary_of(agent_run)["run_id"]))
+    assert read_state(agent_run) == rooted(checkpointed, agent_run)
+    assert read_state(agent_run).final.file == str(agent_run / "final_ab.json")
+
+
+def test_report_of_a_directory_without_state_reads_summary_json(agent_run, tmp_path):
     copy = tmp_path / agent_run.name
-    shutil.copytree(agent_run, copy, ignore=shutil.ignore_patterns("checkpoints.sqlite*"))
+    shutil.copytree(agent_run, copy, ignore=shutil.ignore_patterns("checkpoints.sqlite*", "state.json"))
     (copy / "report.md").unlink()
     done = invoke("report", str(copy))
     assert done.exit_code == 0, done.output

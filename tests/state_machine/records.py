@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from profilers.records import Finding
 from state_machine import nodes
-from state_machine.state import Candidate
+from state_machine.state import Candidate, InFlight
 
 
 def finding(category: str, share: float, gain: float) -> Finding:
@@ -19,4 +19,4 @@ def candidate(cid=1, **kw) -> Candidate:
 
 
 def checked(state, ctx, cand):
-    return nodes.check(state.model_copy(update={"current": cand}), ctx)
+    return nodes.check(state.model_copy(update={"current": InFlight(candidate=cand)}), ctx)

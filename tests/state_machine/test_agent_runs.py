@@ -146,7 +146,8 @@ def test_a_run_whose_incumbent_fails_while_timed_stops_in_one_sentence_and_resum
     from state_machine import nodes
 
     def measure(state, ctx):  # the graph names its nodes by their functions
-        raise nodes.IncumbentFailed(f"the incumbent's worker failed while timed beside candidate #{state.current.id} "
+        raise nodes.IncumbentFailed(f"the incumbent's worker failed while timed beside candidate "
+                                    f"#{state.current.candidate.id} "
                                     "(timeout: incumbent: no ready line before the time limit)")
     real_measure = nodes.measure
     monkeypatch.setattr(nodes, "measure", measure)

@@ -53,18 +53,19 @@ def test_the_fastest_winner_of_a_batch_alone_becomes_the_incumbent(tmp_path, mon
     lanes_seen, overlap, active = {}, [], []
 
     def validate(state, _ctx):
-        active.append(state.current.id)
+        cid = state.current.candidate.id
+        active.append(cid)
         time.sleep(0.2)
         overlap.append(len(active))
-        active.remove(state.current.id)
-        lanes_seen[state.current.id] = (state.lane.gpus, threading.current_thread().name)
-        if ratios[state.current.id] is None:
-            return rejected("validate", "numerics broken")
-        return {"current_verdict": None}
+        active.remove(cid)
+        lanes_seen[cid] = (state.lane.gpus, threading.current_thread().name)
+        if ratios[cid] is None:
+            return rejected(state, "validate", "numerics broken")
+        return state.in_flight(verdict=None)
 
     def measure(state, _ctx):
-        ratio = ratios[state.current.id]
-        return {"current_verdict": Verdict(accepted=True, stage="measure", reason="faster twice", ratio=ratio)}
+        ratio = ratios[state.current.candidate.id]
+        return state.in_flight(verdict=Verdict(accepted=True, stage="measure", reason="faster twice", ratio=ratio))
 
     monkeypatch.setattr(nodes, "validate", validate)
     monkeypatch.setattr(nodes, "measure", measure)
@@ -140,13 +141,13 @@ def test_timings_take_turns_when_the_lanes_may_not_time_at_once(tmp_path, monkey
 
     def node(name, verdict):
         def run(state, _ctx):
-            active[name].append(state.current.id)
+            active[name].append(state.current.candidate.id)
             peak[name] = max(peak[name], len(active[name]))
             for _ in range(4):
                 overlaps.append({k: list(v) for k, v in active.items()})
                 time.sleep(0.05)
-            active[name].remove(state.current.id)
-            return {"current_verdict": verdict}
+            active[name].remove(state.current.candidate.id)
+            return state.in_flight(verdict=verdict)
         return run
 
     monkeypatch.setattr(nodes, "validate", node("validate", None))
@@ -172,15 +173,15 @@ def test_a_run_killed_inside_a_batch_resumes_it_without_losing_a_decision(tmp_pa
                 "incumbent": Incumbent(config=dict(state.baseline_config))}
 
     def validate(state, _ctx):
-        if state.current.id >= 3 and kill["armed"]:
+        if state.current.candidate.id >= 3 and kill["armed"]:
             kill["armed"] = False
             raise KeyboardInterrupt  # as a kill: nothing after the last checkpoint is written
-        return {"current_verdict": None}
+        return state.in_flight(verdict=None)
 
     def measure(state, _ctx):
-        accepted = state.current.id == 1
-        return {"current_verdict": Verdict(accepted=accepted, stage="measure", reason="timed",
-                                           ratio=0.5 if accepted else 1.0)}
+        accepted = state.current.candidate.id == 1
+        return state.in_flight(verdict=Verdict(accepted=accepted, stage="measure", reason="timed",
+                                               ratio=0.5 if accepted else 1.0))
 
     def nothing(state, _ctx):
         return {}

@@ -11,7 +11,7 @@ from profilers.records import ProfileResult
 from state_machine import nodes, validation
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.llm import REPLY_SCHEMA, build_prompt, to_proposals
-from state_machine.state import Evaluated, Limits, RunState, Verdict, loosest
+from state_machine.state import Evaluated, InFlight, Limits, RunState, Verdict, loosest
 from targets.registry import resolve_target
 from tests.state_machine.records import candidate, checked, finding
 
@@ -30,7 +30,7 @@ def test_loosest_numerics_class():
     ({}, "changes nothing"),
 ])
 def test_check_rejects_bad_patches_with_a_reason(state, ctx, patch, words):
-    verdict = checked(state, ctx, candidate(patch=patch))["current_verdict"]
+    verdict = checked(state, ctx, candidate(patch=patch))["current"].verdict
     assert not verdict.accepted and verdict.stage == "check"
     assert words in verdict.reason
 
@@ -41,18 +41,18 @@ def test_check_rejects_a_placement_over_the_hbm_budget_before_any_worker_starts(
     cached = state.model_copy(update={"size": "large-cached", "incumbent": state.incumbent.model_copy(update={
         "config": {"embedding_placement": "host", "embedding_grad_mode": "sparse"}})})
     device = candidate(patch={"embedding_placement": "device", "embedding_grad_mode": "dense"})
-    verdict = checked(cached, ctx, device)["current_verdict"]
+    verdict = checked(cached, ctx, device)["current"].verdict
     assert verdict.stage == "check" and "needs at least 13.4 GB of device memory" in verdict.reason
     for elsewhere in ({"data": "labels.xc"}, {"ranks": 2}):
-        assert "current_verdict" not in checked(cached.model_copy(update=elsewhere), ctx, device)
-    assert "current_verdict" not in checked(cached, ctx, candidate(patch={"data_workers": 2}))
+        assert checked(cached.model_copy(update=elsewhere), ctx, device)["current"].verdict is None
+    assert checked(cached, ctx, candidate(patch={"data_workers": 2}))["current"].verdict is None
 
 
 def test_check_parses_string_values_and_sets_the_numerics_class(state, ctx):
     out = checked(state, ctx, candidate(patch={"data_workers": "2", "embedding_grad_mode": "fused"}))
-    assert "current_verdict" not in out
-    assert out["current"].patch == {"data_workers": 2, "embedding_grad_mode": "fused"}
-    assert out["current_numerics_class"] == "reorder"  # exact + reorder
+    assert out["current"].verdict is None
+    assert out["current"].candidate.patch == {"data_workers": 2, "embedding_grad_mode": "fused"}
+    assert out["current"].numerics_class == "reorder"  # exact + reorder
 
 
 @pytest.mark.parametrize("dot,numerics", [("tf32x3", "reorder"), ("tf32", "precision")])
@@ -61,7 +61,7 @@ def test_a_knob_value_may_promise_another_numerics_class_than_its_knob(state, ct
     triton = state.model_copy(update={"incumbent": state.incumbent.model_copy(update={"config": {
         "tail_backend": "triton"}})})
     out = checked(triton, ctx, candidate(patch={"tail_fp32_dot": dot}))
-    assert out["current_numerics_class"] == numerics
+    assert out["current"].numerics_class == numerics
 
 
 def test_check_rejects_disallowed_kinds_and_unsafe_kernel_sources(state, ctx, tmp_path):
@@ -69,23 +69,23 @@ def test_check_rejects_disallowed_kinds_and_unsafe_kernel_sources(state, ctx, tm
     source = tmp_path / "tail_forward.py"
     source.write_text("import os\ndef tail_forward(h, idx, w, bias):\n    return os.system('true')\n")
     kernel = candidate(kind="kernel", kernels={"tail_forward": str(source)}, patch={"tail_backend": "slots"})
-    assert "does not allow kernel" in checked(state, offline, kernel)["current_verdict"].reason
-    verdict = checked(state, ctx, kernel)["current_verdict"]
+    assert "does not allow kernel" in checked(state, offline, kernel)["current"].verdict.reason
+    verdict = checked(state, ctx, kernel)["current"].verdict
     assert verdict.stage == "check" and "os" in verdict.reason
 
 
 def test_check_rejects_a_duplicate_of_an_evaluated_candidate(state, ctx):
     first = checked(state, ctx, candidate(1, patch={"data_workers": 2}))
-    done = Evaluated(candidate=first["current"], verdict=Verdict(accepted=False, stage="measure", reason="slower"),
-                     incumbent_id=None, config={"data_workers": 2}, digest=first["current_digest"])
+    done = Evaluated(candidate=first["current"].candidate, incumbent_id=None, config={"data_workers": 2},
+                     verdict=Verdict(accepted=False, stage="measure", reason="slower"), digest=first["current"].digest)
     again = checked(state.model_copy(update={"history": [done]}), ctx, candidate(2, patch={"data_workers": 2}))
-    assert "duplicate of candidate #1" in again["current_verdict"].reason
+    assert "duplicate of candidate #1" in again["current"].verdict.reason
 
 
 def test_decide_makes_an_accepted_candidate_the_incumbent(state, ctx):
     cand = candidate(3, patch={"embedding_grad_mode": "fused"})
     verdict = Verdict(accepted=True, stage="measure", reason="faster twice", ratio=0.5)
-    out = nodes.decide(state.model_copy(update={"current": cand, "current_verdict": verdict}), ctx)
+    out = nodes.decide(state.model_copy(update={"current": InFlight(candidate=cand, verdict=verdict)}), ctx)
     assert out["incumbent"].config == {"embedding_grad_mode": "fused"}
     assert out["incumbent"].from_candidate == 3 and out["incumbent"].est_speedup == pytest.approx(2.0)
     assert out["history"][-1].verdict.accepted and out["current"] is None
@@ -248,14 +248,15 @@ def test_a_candidate_is_timed_in_blocks_of_the_plans_length(state, ctx, monkeypa
         return Confirmation(accepted=True, reason="faster twice", runs=[run, run])
     monkeypatch.setattr(nodes, "confirm_win", confirm_win)
     run = state.model_copy(update={
-        "current": candidate(1, patch={"embedding_grad_mode": "fused"}),
+        "current": InFlight(candidate=candidate(1, patch={"embedding_grad_mode": "fused"})),
         "plan": state.plan.model_copy(update={"block_steps": 3}),
         "baseline": Baseline(numerics_file="n.json", step_ms=115.0, noise_floor=0.011, calibration_file="c.json")})
-    verdict = nodes.measure(run, ctx)["current_verdict"]
+    verdict = nodes.measure(run, ctx)["current"].verdict
     assert verdict.accepted and verdict.ratio == 0.88
     # block_steps was sized on a 115 ms baseline; a 9 ms incumbent's blocks must still last 0.3 s
     assert seen["steps_per_block"] == 3 and seen["block_seconds"] == 0.3
     assert seen["config"]["embedding_grad_mode"] == "fused"
+    assert seen["pool"] is ctx.pool  # its measurements adopt what validate started ahead
 
 
 def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, ctx, monkeypatch):
@@ -300,7 +301,8 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
         run = _final_ab([24.1, 24.0], [20.0, 20.1], 0.83)
         return Confirmation(accepted=True, reason="faster twice", runs=[run, run])
     monkeypatch.setattr(nodes, "confirm_win", confirm_win)
-    nodes.measure(recalibrated.model_copy(update={"current": candidate(4, patch={"data_workers": 2}),
+    fourth = InFlight(candidate=candidate(4, patch={"data_workers": 2}))
+    nodes.measure(recalibrated.model_copy(update={"current": fourth,
                                                   "plan": state.plan.model_copy(update={"block_steps": 3})}), ctx)
     assert seen["floor"] == 0.031
     events = Path(state.run_dir, "events.jsonl").read_text()
@@ -320,9 +322,15 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     from state_machine.state import Baseline, Lane
     from targets.worker_protocol import Failure, WorkerResult
     calls = []
-    monkeypatch.setattr(validation, "prestart", lambda a, b, timeout_s, pairs: calls.append(("prestart", b.config,
-                                                                                             pairs)) or "key")
-    monkeypatch.setattr(validation, "discard", lambda key: calls.append(("discard", key)))
+
+    class Pool:  # the run's pool of workers started ahead (WorkerPool), as validate uses it
+        def prestart(self, a, b, timeout_s, pairs):
+            calls.append(("prestart", b.config, pairs))
+            return "key"
+
+        def discard(self, key):
+            calls.append(("discard", key))
+    monkeypatch.setattr(ctx, "pool", Pool())
     failed = WorkerResult(ok=False, target="haste-rec", size="tiny", mode="numerics",
                           failure=Failure(kind=kind, message="it failed"))
     monkeypatch.setattr(validation, "run_worker", lambda request, timeout_s: calls.append(("run", request.mode))
@@ -331,11 +339,11 @@ def test_validation_starts_the_timing_workers_ahead_and_kills_a_rejected_candida
     base_file.write_text(WorkerResult(ok=True, target="haste-rec", size="tiny", mode="numerics").model_dump_json())
     one = state.model_copy(update={
         "baseline": Baseline(numerics_file=str(base_file), step_ms=1.0, noise_floor=0.01, calibration_file="c"),
-        "current": candidate(1, patch={"data_workers": 2}), "current_numerics_class": "exact",
+        "current": InFlight(candidate=candidate(1, patch={"data_workers": 2}), numerics_class="exact"),
         "lane": Lane(index=0, gpus=[0]) if lane is not None else None,
         "plan": state.plan.model_copy(update={"concurrent_timing": concurrent})})
     out = nodes.validate(one, ctx)
-    assert out["current_verdict"].stage == "validate" and "numerics run failed" in out["current_verdict"].reason
+    assert out["current"].verdict.stage == "validate" and "numerics run failed" in out["current"].verdict.reason
     events = Path(one.run_dir, "events.jsonl")
     retried = '"numerics-retry"' in (events.read_text() if events.exists() else "")
     kept = sorted(p.name for p in Path(one.run_dir, "candidates", "001").glob("numerics_failed*.json"))
@@ -364,7 +372,7 @@ def test_an_incumbent_that_fails_while_timed_stops_the_run_instead_of_blaming_th
     start = RunState(run_id="t", run_dir=str(tmp_path), target=faulty, size="tiny")
     run = start.model_copy(update={
         "incumbent": Incumbent(config=crash if failing == "incumbent" else ok),
-        "current": candidate(3, patch=ok if failing == "incumbent" else crash),
+        "current": InFlight(candidate=candidate(3, patch=ok if failing == "incumbent" else crash)),
         "plan": start.plan.model_copy(update={"block_steps": 2, "blocks": 2, "timeout_s": 60.0}),
         "baseline": Baseline(numerics_file="n.json", step_ms=1.0, noise_floor=0.05, calibration_file="c.json")})
     if raises:
@@ -372,5 +380,5 @@ def test_an_incumbent_that_fails_while_timed_stops_the_run_instead_of_blaming_th
             nodes.measure(run, ctx)
         assert '"failed_side": "incumbent"' in (tmp_path / "candidates" / "003" / "ab.json").read_text()
     else:
-        verdict = nodes.measure(run, ctx)["current_verdict"]
+        verdict = nodes.measure(run, ctx)["current"].verdict
         assert not verdict.accepted and verdict.reason.startswith("the candidate failed while timed (crash")

@@ -154,7 +154,7 @@ def test_the_fused_tail_is_proposed_with_3xtf32_products_beside_tf32_matmuls(sta
 
 
 def test_user_settings_are_never_tuned(state, ctx):
-    verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current_verdict"]
+    verdict = checked(state, ctx, candidate(patch={"embedding_hbm_budget_gb": 100.0}))["current"].verdict
     assert not verdict.accepted and verdict.stage == "check" and "user's own setting" in verdict.reason
     every = [finding(c, 0.3, 1.5) for c in ("optimizer", "embedding-bound", "data-wait", "cache-misses", "backward")]
     proposals = propose_offline(state.model_copy(update={"findings": every}), ctx, limit=500)
@@ -186,5 +186,5 @@ def test_on_several_ranks_no_proposal_sets_a_value_the_ranked_run_has_no_path_fo
     ranked = cached.model_copy(update={"ranks": 2})
     on_ranks = {(k, v) for p in propose_offline(ranked, ctx, limit=400) for k, v in p.patch.items()}
     assert not refused & on_ranks and ("embedding_cache_prefetch", True) in on_ranks
-    verdict = checked(ranked, ctx, candidate(patch={"pack_batches": True}))["current_verdict"]
+    verdict = checked(ranked, ctx, candidate(patch={"pack_batches": True}))["current"].verdict
     assert verdict.stage == "check" and "runs on one process only" in verdict.reason

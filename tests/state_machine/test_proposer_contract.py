@@ -131,7 +131,7 @@ def test_a_tried_configuration_never_reaches_a_worker_again(run):
     assert bool(repeats) == proposer.uses_llm, repeats  # the replayed model says the same again (MODEL_SAYS)
     for p in repeats:
         candidate = Candidate(id=tried.next_id, kind=p.kind, patch=p.patch, rationale=p.rationale, proposer=p.proposer)
-        verdict = checked(tried, ctx, candidate)["current_verdict"]
+        verdict = checked(tried, ctx, candidate)["current"].verdict
         assert verdict.stage == "check" and "a duplicate of candidate #" in verdict.reason
 
 

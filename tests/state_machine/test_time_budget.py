@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from state_machine import nodes
-from state_machine.state import Baseline, Evaluated, Limits, RunState, Verdict
+from state_machine.state import Baseline, Evaluated, InFlight, Limits, RunState, Verdict
 from state_machine.time_budget import candidate_s, final_measurement_s, out_of_time, profile_s
 from tests.state_machine.records import candidate
 
@@ -125,8 +125,9 @@ def test_deciding_a_candidate_marks_its_own_seconds(state):
     """``decide`` marks what candidates' own nodes have taken so far, so each candidate's time is the difference."""
     run = with_history(state, accepted=0, rejected=1, node_s={"propose": 0.5, "validate": 30.0, "measure": 12.0,
                                                                "diagnose": 20.0}, candidate_marks=[10.0])
-    run = run.model_copy(update={"current": candidate(2, patch={"pin_memory": True}),
-                                 "current_verdict": Verdict(accepted=False, stage="measure", reason="r", ratio=0.97)})
+    run = run.model_copy(update={"current": InFlight(
+        candidate=candidate(2, patch={"pin_memory": True}),
+        verdict=Verdict(accepted=False, stage="measure", reason="r", ratio=0.97))})
     updates = nodes.decide(run, ctx=type("Ctx", (), {"event": staticmethod(lambda *a, **k: None)})())
     assert updates["candidate_marks"] == [10.0, 42.5]
     assert candidate_s(run.model_copy(update=updates)) == pytest.approx((10.0 + 32.5) / 2)

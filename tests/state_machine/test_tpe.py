@@ -8,7 +8,7 @@ from state_machine import nodes
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.tpe import observations, propose_tpe, rebuild_study
 from state_machine.specs import config_digest
-from state_machine.state import Candidate, Evaluated, Incumbent, RunState, Verdict
+from state_machine.state import Candidate, Evaluated, InFlight, Incumbent, RunState, Verdict
 from targets.protocol import Constraint, Knob, KnobSpace, Target
 
 SPACE = KnobSpace((
@@ -95,9 +95,9 @@ def test_proposals_are_new_valid_patches_against_the_incumbent(state, ctx):
         digest = config_digest(resolved, {})
         assert digest not in seen
         seen.add(digest)
-        checked = nodes.check(state.model_copy(update={"current": Candidate(
-            id=cid, kind="knob", patch=proposal.patch, rationale=proposal.rationale, proposer="tpe")}), ctx)
-        assert checked.get("current_verdict") is None, checked  # the check node takes it as it is
+        checked = nodes.check(state.model_copy(update={"current": InFlight(candidate=Candidate(
+            id=cid, kind="knob", patch=proposal.patch, rationale=proposal.rationale, proposer="tpe"))}), ctx)
+        assert checked["current"].verdict is None, checked  # the check node takes it as it is
         state = evaluated(state, cid, proposal.patch, "measure", ratio=1.0)
 
 
@@ -135,9 +135,9 @@ def test_an_exhausted_space_gives_no_proposal_and_the_run_converges(tmp_path):
 
 
 def test_the_offline_tier_asks_tpe_only_when_told(state, ctx):
-    assert nodes.propose(state, ctx)["current"].proposer == "tpe"
+    assert nodes.propose(state, ctx)["current"].candidate.proposer == "tpe"
     rules = RunContext(target=TARGET, policy=ProposerPolicy())
-    assert nodes.propose(state, rules)["current"].proposer.startswith("offline:")
+    assert nodes.propose(state, rules)["current"].candidate.proposer.startswith("offline:")
 
 
 def test_past_the_baselines_profile_the_tpe_search_profiles_no_incumbent(state, ctx, monkeypatch):

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from targets.haste_rec.tail_slots import TAIL_SLOTS
+from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
 import validators.kernel as kernel_module
 from validators.kernel import TOLERANCES, check_kernel, check_shapes, poison_allocator
 from validators.kernel_file import validate_kernel_file
@@ -306,7 +306,7 @@ def test_the_validate_node_checks_every_dtype_of_the_plan_and_records_those_it_s
                      proposer="test")
     state = RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny", current=cand)
     rejection, path = _kernel_verdicts(state, None, cand)
-    assert rejection is None, rejection["current_verdict"].reason
+    assert rejection is None, rejection["current"].verdict.reason
     summary = json.loads(Path(path).read_text())
     assert summary["checked"] == {"tail_forward": {"float32": "ok", "float16": "ok"}}
     assert "Triton's interpreter computes bfloat16 wrongly" in summary["skipped"]["bfloat16"]
