@@ -86,7 +86,7 @@ def test_a_candidate_that_slows_cuda_events_gains_nothing():
     tampered = HONEST_GPU.model_copy(update={"target": "tests.validators.test_parent_clock:SLOW_EVENTS"})
     result = measure_ab(HONEST_GPU, tampered, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.1,
                         floor=0.5, load_policy=NO_WAIT)
-    assert result.verdict != "faster" and result.failed_side != "incumbent" and result.ratio > 0.5
+    assert result.verdict != "faster" and result.failed_side != "incumbent" and (result.ratio or 1.0) > 0.5
 
 
 @pytest.mark.parametrize("honest", [HONEST, pytest.param(HONEST_GPU, marks=needs_cuda)])
