@@ -241,8 +241,9 @@ lane() {  # lane NAME GPU FIRST_CPU SETTINGS CARRY PRE, in a subshell of its own
 # The tests run bf16 and fp32 and the trainer's trajectories; the benchmarks time the HASTE tail at the paper's
 # shapes and pooled embeddings at 26 x 1M x 128; the sweeps cover the tail kernels, the embedding kernels, and the
 # fused loss in fp32 at each tl.dot precision (the knob matmul_precision).
-# PARTS picks what runs: "tests", "bench", "tune", or several (default "tests bench"; TUNE=1 adds "tune"; PART= is
-# read too). "tune" is "tune-tail tune-embedding tune-fused"; each can be named alone, so that two GPUs share the
+# PARTS picks what runs: "tests", "bench", "tune", "profile", or several (default "tests bench"; TUNE=1 adds "tune";
+# PART= is read too). "profile" runs benchmarks/kernel_profile.py under Nsight Compute (ncu, --set full): what bounds
+# tail_forward and the fused loss ($OUT/ncu_details.txt). "tune" is "tune-tail tune-embedding tune-fused"; each can be named alone, so that two GPUs share the
 # parts. Each step has its own timeout; "tests bench" and "tune" each fit one 10-minute device call, and each leaves
 # at most 6 files under $OUT (stderr of every step in stderr.log).
 # Usage: OUT=/some/dir [PARTS="tests bench" | PARTS=tune] bash benchmarks/gpu.sh kernels
@@ -285,6 +286,14 @@ part_kernels() {
         echo "== the fused loss kernel in fp32 at each tl.dot precision (the knob matmul_precision), around the defaults"
         timeout 150 python3 -m benchmarks.fused_bce_sweep --dtypes float32 --precisions ieee tf32 tf32x3 --quick \
             --out "$OUT/fused_fp32.json" 2>> "$log" | tail -20
+    fi
+    if [[ "$parts" == *" profile "* ]]; then
+        echo "== Nsight Compute profile of tail_forward and the fused loss at the main shape"
+        PATH=$PATH:/usr/local/cuda/bin timeout 300 ncu --profile-from-start off --set full -f -o "$OUT/tail" \
+            python3 -m benchmarks.kernel_profile >> "$log" 2>&1
+        PATH=$PATH:/usr/local/cuda/bin ncu --import "$OUT/tail.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>> "$log"
+        rm -f "$OUT/tail.ncu-rep"  # tens of MB: the details page is what comes back
+        grep -E "^  _|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy" "$OUT/ncu_details.txt"
     fi
     [ -s "$log" ] && { echo "== stderr (last lines)"; grep -v Warning "$log" | tail -5; }
     true
@@ -357,7 +366,7 @@ EOF
 # ratio; default optimizer_impl=fused,dense_cuda_graph=true). Files under $OUT/headroom/.
 # Usage: OUT=/dir [BEST=...best_config.toml] [VS=KNOB=VALUE,...] bash benchmarks/gpu.sh cached-headroom [VARIANT...]
 part_cached_headroom() {
-    BEST=${BEST:-docs/results/2026-12-03-h200-large-cached-s27/best_config.toml}
+    BEST=${BEST:-docs/results/2026-12-03-h200-large-cached-1821/best_config.toml}
     VS=${VS:-optimizer_impl=fused,dense_cuda_graph=true}
     mkdir -p "$OUT/headroom"
     [ $# -gt 0 ] || set -- fused_optimizer=optimizer_impl=fused graphs=dense_cuda_graph=true \
@@ -426,7 +435,7 @@ part_checks() {
 # Usage: OUT=/dir BASE=.carry/base [SIZE=large-cached] [CONFIG=...toml] bash benchmarks/gpu.sh joint-moves
 part_joint_moves() {
     SIZE=${SIZE:-large-cached}; BASE=${BASE:-.carry/base}
-    CONFIG=${CONFIG:-docs/results/2026-12-04-h200-cached-headroom-s30/call4/best_plus.toml}
+    CONFIG=${CONFIG:-docs/results/2026-12-04-h200-cached-headroom/call4/best_plus.toml}
     mkdir -p "$OUT/joint_moves"
     timed joint_moves tests 200 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/haste_rec/cache/test_cache.py \
         tests/haste_rec/cache/test_cache_prefetch.py tests/haste_rec/cache/test_cache_overlap.py
@@ -452,7 +461,7 @@ part_joint_moves() {
 #        [BLOCKS=10] [TESTS="tests/haste_rec/test_host_threads.py"] [PARTS=...] bash benchmarks/gpu.sh knob-ab
 part_knob_ab() {
     SIZE=${SIZE:-large-cached}; BLOCKS=${BLOCKS:-10}; SET=${SET:?one knob line, e.g. SET=\'host_threads = \"half\"\'}
-    BASE=${BASE:-docs/results/2026-12-03-h200-large-cached-s22/best_config.toml}; TESTS=${TESTS:-}
+    BASE=${BASE:-docs/results/2026-12-03-h200-large-cached-0245/best_config.toml}; TESTS=${TESTS:-}
     WITH="$OUT/with_knob.toml"
     { cat "$BASE"; echo "$SET"; } > "$WITH"
     local step side config
@@ -493,7 +502,7 @@ part_knob_ab() {
 # Usage: OUT=/dir [BASE=...] [SIZE=large-cached] [BLOCKS=10] [PARTS=...] bash benchmarks/gpu.sh cache-overlap
 part_cache_overlap() {
     SET="embedding_cache_overlap = true"
-    BASE=${BASE:-docs/results/2026-12-02-h200-large-cached-s20/best_config.toml}
+    BASE=${BASE:-docs/results/2026-12-02-h200-large-cached-0118/best_config.toml}
     TESTS=${TESTS:-"tests/haste_rec/cache/test_cache.py tests/haste_rec/embeddings/test_embeddings.py tests/haste_rec/cache/test_cache_overlap.py"}
     part_knob_ab
 }

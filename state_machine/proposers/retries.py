@@ -112,8 +112,8 @@ def _other_side_shortened(state: RunState, space: KnobSpace, rejected: Evaluated
     (2026-12-03) TF32 tail products measured 1.027 (interval 0.945-1.059) while the step waited on its data; two
     loader workers and the device prefetch were accepted after it, and on top of them TF32 products with the host
     bundle TPE had found (4 workers, packed batches, half the threads, the foreach optimizer) ran 0.505 against the
-    bundle alone, which was 0.977 against that incumbent (``sg-opt bench --vs``,
-    docs/results/2026-12-03-h200-large-s24/diag/)."""
+    bundle alone, which was 0.977 against that incumbent (``sg-opt bench --vs``; its folder is in git history,
+    ``git log --diff-filter=D -- docs/results/2026-12-03-h200-large-s24``)."""
     mine = side(space, rejected.candidate.patch) if not rejected.candidate.kernels else None
     if state.device_kind != "cuda" or mine is None:
         return None

@@ -110,7 +110,7 @@ def test_a_pair_is_not_proposed_with_a_part_the_incumbent_already_holds(state, c
     assert all(p.proposer != "offline:host-and-device" for p in proposals)
 
 
-S29_LARGE_CACHED_HISTORY = [  # the 2026-12-04 `large-cached` run (docs/results/2026-12-04-h200-large-cached-s29/)
+S29_LARGE_CACHED_HISTORY = [  # the 2026-12-04 `large-cached` run (docs/results/2026-12-04-h200-large-cached-1812/)
     (1, {"tail_backend": "triton-fused-loss"}, True, 0.662),
     (2, {"embedding_placement": "cached", "embedding_grad_mode": "fused"}, True, 0.418),
     (3, {"embedding_cache_index": "device"}, True, 0.687), (4, {"data_workers": 2}, True, 0.410)]
