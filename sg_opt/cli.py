@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -15,10 +16,12 @@ from rich.table import Table
 from sg_opt.cli_common import (CONFIG_OPT, DATA_OPT, DEVICE_OPT, JSON_OPT, RANKS_OPT, SET_OPT, SIZE_OPT, TARGET_OPT,
                                THREADS_OPT, TIMEOUT_OPT, Working, check_result, console, err_console, fail,
                                fail_workload, global_options, inputs, verbosity)
+from targets.machine_lease import run_presence
 from targets.protocol import ConfigError, Target
 from targets.registry import known_targets, resolve_target
 
 PAUSED_EXIT = 3  # sg-opt optimize --pause-after: paused at a checkpoint, to be continued with --resume
+MEASURING = ("optimize", "bench", "profile", "gate")  # the commands that time workloads on this machine
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sg-opt: make sparse-model training faster without changing what it computes.")
@@ -477,12 +480,20 @@ def _stop(signum: int, _frame) -> None:
     raise Stopped(signum)
 
 
+def measuring(argv: list[str]) -> bool:
+    """Whether the command measures on this machine (``MEASURING``): it then holds the presence lock for its life,
+    so another run's measurements know they share the machine (``targets.machine_lease.run_presence``)."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    return command in MEASURING
+
+
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # a shell's background job ignores SIGINT: keep that
             signal.signal(signum, _stop)
     try:
-        app()
+        with run_presence() if measuring(sys.argv[1:]) else contextlib.nullcontext():
+            app()
     except Stopped as stop:
         name = signal.Signals(stop.args[0]).name
         err_console.print(f"stopped by {name} (a run resumes from its last checkpoint with --resume)")

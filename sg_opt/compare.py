@@ -71,3 +71,5 @@ def render(result: ABResult, noise: NoiseFloor | float, console: Console) -> Non
                   f"-> [bold]{result.verdict}[/]")
     if result.note:
         console.print(f"note: {result.note}")
+    if not result.quotable:
+        console.print(f"[bold]not a clean measurement[/]: {result.load_note()}; measure again on a quiet machine")

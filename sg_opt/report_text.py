@@ -28,7 +28,8 @@ def result_line(s: Summary) -> str:
         f = s.final
         if not f.clean:
             return (f"could not measure cleanly: the final side-by-side measurement ran beside other load "
-                    f"({f.load or 'outside load'}), so its ratio {f.ratio:.3f} is not quoted as a result.")
+                    f"({f.load or 'outside load'}), so its ratio {f.ratio:.3f} is not quoted as a result; measure "
+                    f"best_config.toml again on a quiet machine with `sg-opt bench --vs`.")
         return (f"x{f.speedup:.2f} faster than the baseline, measured side by side at the end: step time ratio "
                 f"{f.ratio:.3f} (95% interval {f.ci_low:.3f}-{f.ci_high:.3f}, best/baseline), verdict {f.verdict}.")
     if s.accepted:

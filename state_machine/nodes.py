@@ -406,7 +406,8 @@ def report(state: RunState, ctx: RunContext) -> dict[str, Any]:
         path = write_json(state.path("final_ab.json"), result)
         updates["final"] = FinalMeasurement(ratio=result.ratio, speedup=result.speedup, ci_low=result.ci_low,
                                             ci_high=result.ci_high, verdict=result.verdict, file=path, note=note,
-                                            clean=result.clean, load=None if result.clean else result.load_note())
+                                            clean=result.quotable,
+                                            load=None if result.quotable else result.load_note())
     finished = state.model_copy(update={**updates, **state.spent_in("report", time.monotonic() - start)})
     if ctx.write_report is not None:
         updates["report_files"] = ctx.write_report(finished)

@@ -41,6 +41,7 @@ LOCK_DIR_ENV = "SG_OPT_LOCK_DIR"
 WAIT_S = 900.0  # the longest a lease waits by default: longer than any one measurement's blocks so far
 POLL_S = (0.01, 0.25)  # the first and the longest pause between two tries
 SAY_AFTER_S = 1.0  # a wait longer than this is said on stderr, once
+RUNS_KEY = "runs"  # the presence lock every measuring sg-opt command holds shared (run_presence)
 
 _held = threading.local()  # key -> exclusive?, for the keys this thread holds
 
@@ -112,6 +113,24 @@ def holders(path: Path) -> list[str]:
             command = "?"
         found.append(f"{pid} ({command[:120]})")
     return found
+
+
+@contextlib.contextmanager
+def run_presence() -> Iterator[None]:
+    """Held (shared, never waited for) for the life of an sg-opt command that measures (optimize, bench, profile,
+    gate): how a measurement knows another run shares the machine (``machine_load.other_runs``). The lock keeps that run's blocks
+    out of ours, not its processes from the machine between them."""
+    fd = _open(_path(RUNS_KEY, "presence"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def runs_present() -> list[str]:
+    """The sg-opt commands holding ``run_presence`` on this machine, as "pid (command)", this one's included."""
+    return holders(_path(RUNS_KEY, "presence"))
 
 
 def _try(fd: int, operation: int, deadline: float, say: str) -> bool:

@@ -114,7 +114,7 @@ from pydantic import BaseModel, Field
 
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_runner import ABRunner, Block
-from validators.machine_load import LoadPolicy, LoadRecord, snapshot, wait_for_quiet
+from validators.machine_load import LoadPolicy, LoadRecord, other_runs, snapshot, wait_for_quiet
 from validators.machine_pressure import pressure_note
 from targets.machine_lease import WAIT_S, Lease, LeaseTimeout, device_keys
 from validators.started_ahead import WorkerPool
@@ -224,6 +224,11 @@ class ABResult(BaseModel):
     def clean(self) -> bool:
         """Whether no outside load or missing lock taints it: a win may be accepted only from a clean result."""
         return self.load is None or self.load.clean
+
+    @property
+    def quotable(self) -> bool:
+        """Whether it may be quoted as a result: clean, and no other sg-opt run beside it (``LoadRecord.quotable``)."""
+        return self.load is None or self.load.quotable
 
     def load_note(self) -> str | None:
         """A sentence on the machine's other work during it, when there is something to say (``LoadRecord``)."""
@@ -414,6 +419,7 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                     record.unlocked = str(exc)
             gpus = [key.split(":", 1)[1] for key in keys if key.startswith("cuda:")]
             record.before = snapshot(gpus)
+            record.beside_runs = len(other_runs())
             record.outside_before, record.gpu_before, record.waited_s = wait_for_quiet(runner.meter, gpus,
                                                                                        load_policy)
             record.counted = record.outside_before is not None

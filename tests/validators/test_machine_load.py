@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from validators.ab_stats import block_order
 from validators.machine_load import (TICK_S, LoadMeter, LoadPolicy, LoadRecord, MachineSnapshot, ProcessLoad,
                                      Reading, busy_ticks, gpu_busy, gpu_users, outside_cpus, pooled_load,
                                      process_ticks, snapshot, wait_for_quiet)
-from targets.machine_lease import machine_lease
+from targets.machine_lease import LOCK_DIR_ENV, machine_lease, run_presence, runs_present
 from validators.speedup import measure_ab, run_pairs
 
 
@@ -188,6 +189,36 @@ def test_a_records_sentence_and_pooling():
     both = pooled_load([quiet, unlocked])
     assert not both.clean and both.unlocked.startswith("the cpu measurement lock") and pooled_load([None]) is None
     assert pooled_load([quiet, quiet]).clean and pooled_load([quiet, None]).clean
+    beside = LoadRecord(beside_runs=2)  # clean for a candidate's verdict (the lock held), not for a quoted figure
+    assert beside.clean and not beside.quotable and quiet.quotable
+    assert beside.sentence() == "2 other sg-opt run(s) shared the machine"
+    assert pooled_load([quiet, beside]).beside_runs == 2 and not pooled_load([quiet, beside]).quotable
+
+
+def test_a_measurement_beside_another_run_is_clean_but_not_quotable(tmp_path, monkeypatch):
+    """Another run (a process that is none of ours, holding the presence lock every measuring command holds) alive
+    as the blocks begin; a process of our own holding it (a command measuring in-process) does not count."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path))
+    spec = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=1,
+                         threads=1, config={"behaviour": "slow"})
+    hold = "from targets.machine_lease import run_presence\nimport time\nwith run_presence(): time.sleep(300)"
+    started = subprocess.run(["sh", "-c", f"{sys.executable} -c '{hold}' > /dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    other = int(started.stdout.strip())  # its shell has exited: it is not below this process
+    try:
+        for _ in range(200):
+            if any(run.startswith(f"{other} ") for run in runs_present()):
+                break
+            time.sleep(0.05)
+        with run_presence():  # as the CLI holds it around an in-process measurement
+            beside = measure_ab(spec, spec, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.05,
+                                load_policy=LoadPolicy(wait_s=0))
+    finally:
+        os.kill(other, 9)
+    assert beside.failure is None and beside.load.beside_runs == 1 and beside.clean and not beside.quotable
+    alone = measure_ab(spec, spec, blocks=2, steps_per_block=2, timeout_s=120, block_seconds=0.05,
+                       load_policy=LoadPolicy(wait_s=0))
+    assert alone.failure is None and alone.load.beside_runs == 0 and alone.quotable
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to pin the busy loop on besides ours")
