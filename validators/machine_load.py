@@ -152,12 +152,25 @@ class LoadMeter:
 QUIET_WAIT_ENV = "SG_OPT_QUIET_WAIT_S"  # the default wait for outside load to drop (a test suite may set 0)
 
 
-def _quiet_wait_s() -> float:
-    value = os.environ.get(QUIET_WAIT_ENV) or "60"
+LOAD_LIMIT_ENV = "SG_OPT_LOAD_LIMIT_CPUS"  # the outside load a block may see (a user's knowingly busy machine)
+
+
+def _env_number(name: str, default: float, unit: str) -> float:
+    value = os.environ.get(name) or str(default)
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"{QUIET_WAIT_ENV} must be a number of seconds, not {value!r}") from None
+        raise ValueError(f"{name} must be a number of {unit}, not {value!r}") from None
+
+
+def _quiet_wait_s() -> float:
+    return _env_number(QUIET_WAIT_ENV, 60, "seconds")
+
+
+def _limit_cpus() -> float:
+    """The outside load a block may see before it counts as loaded: ``LIMIT_CPUS`` unless the user set
+    ``$SG_OPT_LOAD_LIMIT_CPUS``; whatever it is, each result records it (``LoadRecord.limit_cpus``)."""
+    return _env_number(LOAD_LIMIT_ENV, LIMIT_CPUS, "CPUs")
 
 
 @dataclass(frozen=True)
@@ -166,7 +179,7 @@ class LoadPolicy:
     pairs; None: as many as the measurement has pairs), and before the blocks it waits up to `wait_s` (default
     ``$SG_OPT_QUIET_WAIT_S``, else 60 s) for the load to drop, sampling it `sample_s` at a time."""
 
-    limit_cpus: float = LIMIT_CPUS
+    limit_cpus: float = field(default_factory=_limit_cpus)
     wait_s: float = field(default_factory=_quiet_wait_s)
     sample_s: float = 0.5
     reruns: int | None = None
@@ -353,6 +366,9 @@ class LoadRecord(BaseModel):
             said.append(f"it waited {self.waited_s:.0f} s for outside load to drop first")
         if self.beside_runs:
             said.append(f"{self.beside_runs} other sg-opt run(s) shared the machine")
+        if self.limit_cpus != LIMIT_CPUS:
+            said.append(f"its blocks were allowed {self.limit_cpus:.2f} CPUs of other work ({LOAD_LIMIT_ENV}; "
+                        f"default {LIMIT_CPUS:.2f})")
         if not self.clean and self.before is not None:
             said.append(f"as it began: {self.before.sentence()}")
         return "; ".join(said) or None

@@ -4,6 +4,7 @@ given what a CPU offline run never has (LLM calls written by the real ledger, a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from sg_opt.cli import app
 from sg_opt.ledger import TokenLedger
 from sg_opt.tiers import Price
 from state_machine.llm_interfaces import Usage
+from validators.machine_load import LOAD_LIMIT_ENV
 from tests.fixtures.openai_server import openai_server  # noqa: F401 (the scripted server, for every test here)
 from tests.fixtures.quick_measurement import quick_measurement
 
@@ -30,7 +32,9 @@ def agent_run(tmp_path_factory) -> Path:
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--target", "tests.fixtures.agent_target:target",
            "--size", "tiny", "--threads", "1", "--timeout", "20", "--max-iters", "2",
            *quick_measurement(recalibrate_after=None), "--out", str(out), "--json"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    # the report tests need a run that accepts its candidate on a busy machine too: load-awareness is tested apart
+    env = {**os.environ, LOAD_LIMIT_ENV: "64"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     return run_dir

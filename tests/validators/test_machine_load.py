@@ -189,6 +189,8 @@ def test_a_records_sentence_and_pooling():
     both = pooled_load([quiet, unlocked])
     assert not both.clean and both.unlocked.startswith("the cpu measurement lock") and pooled_load([None]) is None
     assert pooled_load([quiet, quiet]).clean and pooled_load([quiet, None]).clean
+    assert LoadRecord(limit_cpus=2.0).sentence() == ("its blocks were allowed 2.00 CPUs of other work "
+                                                     "(SG_OPT_LOAD_LIMIT_CPUS; default 0.30)")
     beside = LoadRecord(beside_runs=2)  # clean for a candidate's verdict (the lock held), not for a quoted figure
     assert beside.clean and not beside.quotable and quiet.quotable
     assert beside.sentence() == "2 other sg-opt run(s) shared the machine"
