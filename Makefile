@@ -29,9 +29,10 @@ test: $(STAMP)
 	-@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))) >/dev/null 2>&1 || true
 	$(PY) -m pytest
 
-# The suite without the minutes of real runs (fault injection): the edit-test loop.
+# The edit-test loop, under 3 minutes on 2 cores: the suite without the tests marked slow (agent runs, gates,
+# torchrun jobs, fault injection: real processes for seconds to minutes each) or gpu (they need CUDA).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not gpu"
 
 # The fault-injection trials at full strength: 20 seeded SIGKILLs each of optimize, bench and gate.
 test-faults: $(STAMP)

@@ -1,9 +1,14 @@
 """Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton picks interpreter or
 compiler when triton.language is first imported, so the choice is made here, before any test
-module imports it."""
+module imports it.
+
+Tests that need CUDA are marked ``gpu`` here, from their skip conditions, so that
+``-m "not gpu"`` (``make test-fast``) leaves them out on any machine without each test saying so twice."""
 
 import os
+import re
 
+import pytest
 import torch
 
 # A test's measurement does not wait for a busy machine to calm down (the suite itself keeps it busy).
@@ -11,3 +16,22 @@ os.environ.setdefault("SG_OPT_QUIET_WAIT_S", "0")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The reasons a test skips without CUDA ("needs a CUDA device", "streams need CUDA", "on CUDA only"); not the
+# reverse ("CUDA is present here", "for machines without a GPU").
+NEEDS_CUDA = re.compile(r"\bneeds? (a )?(cuda|gpu)\b|\b(cuda|gpu) only\b", re.IGNORECASE)
+CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+
+
+def _needs_cuda(item: pytest.Item) -> bool:
+    if any(NEEDS_CUDA.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif")):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})  # a device parametrized in only with CUDA
+    return any(name.endswith("device") and isinstance(value, (str, torch.device)) and CUDA_DEVICE.fullmatch(str(value))
+               for name, value in params.items())
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _needs_cuda(item):
+            item.add_marker(pytest.mark.gpu)

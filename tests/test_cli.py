@@ -72,6 +72,7 @@ def test_bench_tiny_prints_tables():
         assert word in result.stdout
 
 
+@pytest.mark.slow
 def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times(monkeypatch):
     """The table, and the two-rank worker's result it shows, which reports each step's slowest rank: one job for
     both (each of its processes spends seconds importing torch), the rest of the ranked worker in
@@ -115,6 +116,7 @@ def _write_xc(path, lines):
     return str(path)
 
 
+@pytest.mark.slow
 def test_bench_that_hangs_exits_1_saying_where_it_waited():
     # the time limit starts once the worker is forked; one of this request reaches its hang within 0.3 s
     result = runner.invoke(app, ["bench", "--target", FAULTY, "--size", "tiny", "--set", "behaviour=hang",
@@ -164,6 +166,7 @@ def test_profile_bad_knob_is_one_sentence():
     assert result.exit_code == 2 and "precision" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_bench_vs_names_sides_interval_and_verdict(tmp_path):
     other = tmp_path / "fused.toml"
     other.write_text('[knobs]\nembedding_grad_mode = "fused"\n')
@@ -197,6 +200,7 @@ def test_optimize_odd_block_counts_are_a_usage_error(tmp_path, option):
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
 
 
+@pytest.mark.slow
 def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_path, fork_server_running):
     fine = tmp_path / "fine.toml"
     fine.write_text('behaviour = "ok"\n')
@@ -238,6 +242,7 @@ def _processes_once_the_worker_waits(pid: int, quiet_s: float = 0.5, timeout_s: 
     return descendants(pid)
 
 
+@pytest.mark.slow
 def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was():
     """`timeout` ends an agent's slice with SIGTERM, a user with Ctrl-C: the command unwinds, asks its worker for
     its stacks, kills it (a worker runs in a session of its own, so it would otherwise run on, orphaned) and exits

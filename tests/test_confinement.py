@@ -172,6 +172,7 @@ def test_the_tiny_trainer_runs_confined_and_a_candidate_that_writes_at_import_fa
     assert not escaped.exists()
 
 
+@pytest.mark.slow
 def test_a_worker_started_without_the_fork_server_starts_again_confined(confinable):
     """A fresh interpreter runs torch's threads once it imported torch; the worker then starts again as
     ``python -m targets.confinement targets.worker ...``, which confines before the imports."""

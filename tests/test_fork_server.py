@@ -126,6 +126,7 @@ def test_a_worker_killed_as_soon_as_it_started_is_killed(tree):
         assert proc.wait(10) == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_the_server_is_started_again_when_the_environment_changes(tree):
     first = run(tree, "0")  # the environment of every other test's workers: their server, where one is up
     again = run(tree, "0", extra={"PYTEST_CURRENT_TEST": "another test"})

@@ -190,9 +190,15 @@ def project_trees(root: Path = ROOT) -> tuple[dict[str, ast.AST], frozenset[str]
     return trees, frozenset(name for name, path in modules.items() if path.name == "__init__.py")
 
 
-def test_no_import_cycle_among_project_modules():
+@cache
+def project_graph() -> dict[str, dict[str, int]]:
+    """The project's import graph, built once for the tests that read it (one per module of a part)."""
     trees, packages = project_trees()
-    graph = import_graph(trees, packages)
+    return import_graph(trees, packages)
+
+
+def test_no_import_cycle_among_project_modules():
+    graph = project_graph()
     cycles = import_cycles(graph)
     assert not cycles, "import cycles: " + " | ".join(cycle_text(cycle, graph) for cycle in cycles)
 
@@ -253,8 +259,7 @@ def test_the_trainers_parts_exist():
 
 @pytest.mark.parametrize("name", sorted(name for name in project_modules() if part_of(name, TRAINER_PARTS)))
 def test_a_trainer_part_imports_only_the_parts_below_it(name):
-    trees, packages = project_trees()
-    graph = import_graph(trees, packages)
+    graph = project_graph()
     breaches = part_breaches(name, graph[name], TRAINER_PARTS, TRAINER)
     assert not breaches, f"{name} ({part_of(name, TRAINER_PARTS)}) imports beyond its part: {breaches}"
 

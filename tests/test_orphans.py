@@ -16,6 +16,7 @@ from tests.fixtures.orphans import survivors
 from tests.test_cli import _processes_once_the_worker_waits
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # each starts sg-opt bench in a fresh interpreter and waits for its worker
 
 
 @pytest.mark.parametrize("server", ["1", "0"])  # a worker forked by the fork server, or a plain subprocess

@@ -37,6 +37,7 @@ def test_failures_are_structured(behaviour, kind, words):
     assert words in result.failure.message
 
 
+@pytest.mark.slow
 def test_hang_is_killed_and_reported_with_where_it_waited():
     result = _run("hang", timeout=4.0)  # timed from its fork: a sound worker of this request ends within 0.4 s
     assert not result.ok and result.failure.kind == "timeout"

@@ -76,6 +76,7 @@ def test_the_plan_checks_kernels_in_bfloat16_wherever_a_run_can_train_in_it():
     assert "interpreter computes bfloat16 wrongly" in cpu.plan.kernel_dtypes_skipped["bfloat16"]
 
 
+@pytest.mark.slow
 def test_the_validate_node_rejects_the_bf16_cheat_naming_dtype_shape_and_error(tmp_path):
     """On the CPU too where asked: this cheat is plain torch, which computes bfloat16 right without Triton's
     interpreter. Its float32 and float16 checks pass."""
@@ -102,6 +103,7 @@ def test_the_bf16_cheat_fails_its_bfloat16_check_on_cuda():
 
 # ----------------------------------------------------------------------------- wrong after the kernel check's calls
 
+@pytest.mark.slow
 def test_the_stale_and_twice_per_shape_cheats_pass_the_kernel_check(runs):
     """The hole spot checks close: a dozen checked calls cannot see what happens at call 121, or at a shape's third."""
     for name in ("stale kernel check", "twice kernel check"):
@@ -141,6 +143,7 @@ def test_a_checked_step_between_timed_blocks_catches_the_stale_cheat(tmp_path):
 
 # ----------------------------------------------------------------------------- honest, then cached, while timed
 
+@pytest.mark.slow
 def test_the_stale_cheat_is_caught_between_timed_blocks(tmp_path):
     """Timed beside the incumbent, the candidate's replaced kernels are checked in untimed steps drawn at random
     between its blocks and once after its last: the kernel that turns stale after 120 calls fails the measurement

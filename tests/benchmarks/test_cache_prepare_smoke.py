@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_smoke_run_compares_both_and_prints_their_times():
     run = subprocess.run([sys.executable, "benchmarks/cache_prepare.py", "--tables", "3", "--rows", "2000",
                           "--capacity", "300", "--ids", "200", "--batches", "12", "--timed", "4"],

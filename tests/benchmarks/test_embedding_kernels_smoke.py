@@ -21,6 +21,7 @@ from benchmarks.embedding_kernels import (SMOKE, SMOKE_TUNE_GRID, TUNE_KEYS, TUN
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="the smoke run is for machines without a GPU; on a GPU run the benchmark itself "
                            "(triton 3.6's interpreter also fails on it there: 0-d array conversion)")

@@ -14,6 +14,7 @@ from benchmarks import fused_bce_sweep  # noqa: E402
 from benchmarks.kernels import SMOKE, SMOKE_TUNE_GRID, _median_or_error, main, tune_markdown  # noqa: E402
 
 
+@pytest.mark.slow
 def test_smoke_run(tmp_path, capsys) -> None:
     out = tmp_path / "kernels.json"
     assert main(["--smoke", "--tune", "--out", str(out)]) == 0

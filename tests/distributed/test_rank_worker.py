@@ -50,6 +50,7 @@ def test_slowest_rank_takes_each_steps_maximum_and_the_slowest_ranks_phases():
     assert job.phase_s == {"a": 2.0}
 
 
+@pytest.mark.slow
 def test_the_numerics_fingerprint_of_two_ranks_matches_one_within_reorder():
     one, two = (run_worker(request("numerics", ranks, steps=8), timeout_s=120) for ranks in (1, 2))
     assert one.ok and two.ok, (one.failure, two.failure)
@@ -58,6 +59,7 @@ def test_the_numerics_fingerprint_of_two_ranks_matches_one_within_reorder():
     assert two.numerics.losses != one.numerics.losses  # it really ran sharded: summed in another order
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_is_a_crash_naming_it_quickly():
     start = time.monotonic()
     result = run_worker(request("bench", steps=20), timeout_s=60, env={"SG_OPT_RANK_FAULT": "exit:1:3"})
@@ -66,6 +68,7 @@ def test_a_rank_that_dies_is_a_crash_naming_it_quickly():
     assert "rank 1 exited with code 1" in result.failure.message  # not rank 0, whose peer only went away
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_is_killed_at_the_time_limit_with_the_whole_job():
     marker = f"SG_OPT_TEST_MARK={uuid.uuid4().hex}"
     start = time.monotonic()
@@ -86,6 +89,7 @@ def test_torchruns_summary_names_the_rank_that_crashed_not_the_ones_that_failed_
     assert lost_rank(summary.replace("-9", "3")) is None
 
 
+@pytest.mark.slow
 def test_a_config_error_on_every_rank_is_one_config_failure():
     result = run_worker(request("bench", config={"tail_backend": "triton-fused-loss"}), timeout_s=60)
     assert not result.ok and result.failure.kind == "config"
@@ -101,6 +105,7 @@ def test_ranks_need_a_ranked_builder_and_at_least_one():
         request("bench", ranks=0)
 
 
+@pytest.mark.slow
 def test_ranked_sides_measure_side_by_side():
     a, b = request("bench"), request("bench", config={"embedding_grad_mode": "fused"})
     result = measure_ab(a, b, blocks=2, steps_per_block=2, timeout_s=120)

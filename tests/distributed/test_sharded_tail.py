@@ -84,5 +84,6 @@ def _exchange_on_two_ranks(rank: int, store_path: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_the_exchanges_gather_and_reduce_scatter_uneven_shares(tmp_path):
     mp.start_processes(_exchange_on_two_ranks, args=(str(tmp_path / "store"),), nprocs=2, start_method="spawn")

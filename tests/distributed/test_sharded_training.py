@@ -31,6 +31,7 @@ from targets.worker_protocol import NumericsData
 from validators.numerics import compare
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # each test runs torchrun jobs of three processes
 STEPS = 12
 FUSED = {"embedding_grad_mode": "fused"}
 CACHED_FUSED = {"embedding_placement": "cached", "embedding_grad_mode": "fused"}
@@ -39,8 +40,9 @@ TABLES_OF_RANKS = {"table-wise": [[0, 2], [1]], "row-wise": [[0, 1, 2], [0, 1, 2
 LABEL_GROUPS = {"tail_sharding": "label-groups", "rewire_every": 4}  # rewired after steps 4, 8 and 12 of the run
 
 
-def torchrun(*args: str, timeout: float = 90, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:
-    """The trainer under torchrun with `ranks` gloo ranks; (the finished launcher, its wall seconds)."""
+def torchrun(*args: str, timeout: float = 300, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:
+    """The trainer under torchrun with `ranks` gloo ranks; (the finished launcher, its wall seconds). A job takes
+    about 10 s alone and 20 s beside another (``two_at_a_time``); the limit leaves room for a busy machine."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
                "-m", "targets.haste_rec.distributed.train", "--size", "tiny", "--device", "cpu", *args]
     start = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -40,6 +41,7 @@ def test_the_interaction_reference_passes_the_kernel_validator():
     assert verdict.ok, verdict.reason
 
 
+@pytest.mark.slow
 def test_sg_opt_optimize_runs_the_example(tmp_path, monkeypatch):
     # in this process, as from the repository's root: its workers are forked by this process's fork server,
     # already up where an earlier test started it (a `python -m sg_opt.cli` would start one of its own)

@@ -6,6 +6,7 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from examples.dlrm.job import job, target
@@ -40,6 +41,7 @@ def _optimize(tmp_path, monkeypatch, *more: str) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_sg_opt_optimizes_the_example_with_generic_knobs(tmp_path, monkeypatch):
     summary = _optimize(tmp_path, monkeypatch)
     (row,) = summary["candidates"]
@@ -47,6 +49,7 @@ def test_sg_opt_optimizes_the_example_with_generic_knobs(tmp_path, monkeypatch):
     assert row["numerics_class"] in ("exact", "reorder") and row["stage"] == "measure"
 
 
+@pytest.mark.slow
 def test_model_changes_get_a_real_quality_run_and_a_band(tmp_path, monkeypatch):
     summary = _optimize(tmp_path, monkeypatch, "--allow-model-changes", "--set", "optimizer_impl=fused")
     assert set(summary["baseline_quality"]) == {"heldout_loss"}  # trained quality_steps, not 0

@@ -308,6 +308,7 @@ def _rank_windows(rank: int, world: int, init: str, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_ranks_agree_to_profile_another_window_when_one_of_them_is_distorted(tmp_path):
     """Rank 0's first window is distorted, rank 1's is not: both profile a second one (in a real ranked step a
     rank that stopped would leave the other waiting in a collective), and neither a third."""

@@ -6,6 +6,7 @@ the offline proposer answers with the sharding knobs."""
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -25,6 +26,7 @@ TINY = dict(target="haste-rec", size="tiny", warmup=1, profile_steps=2)
 EXCHANGES = {"input_dist", "output_dist", "loss_sync"}
 
 
+@pytest.mark.slow
 def test_every_rank_is_profiled_and_the_slowest_is_the_main_profile(tmp_path):
     trace = tmp_path / "trace.json"
     req = ProfileRequest(ranks=2, trace=str(trace), fine=True, fine_repeats=2, quick_ceilings=True, **TINY)
@@ -59,6 +61,7 @@ def test_profile_on_ranks_needs_a_target_that_runs_on_ranks():
     assert result.exit_code == 2 and "runs on one process only" in result.output, result.output
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_is_a_failure_naming_it_not_a_hang():
     start = time.monotonic()
     fault = {"SG_OPT_RANK_FAULT": "exit:1:4"}  # before its first profiled step

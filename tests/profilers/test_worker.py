@@ -23,6 +23,7 @@ def env(tmp_path_factory):
     return {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
 
 
+@pytest.mark.slow
 def test_tiny_reference_trainer_is_profiled_end_to_end(env, tmp_path):
     cache = Path(env["XDG_CACHE_HOME"]) / "sg-opt"
     assert not cache.exists()  # made by this run's ceilings, below
@@ -52,6 +53,7 @@ def test_a_crash_is_a_structured_failure(env):
     assert not result.ok and result.failure.kind == "crash" and "SIGABRT" in result.failure.message
 
 
+@pytest.mark.slow
 def test_a_hang_is_killed(env):
     req = ProfileRequest(target=FAULTY, size="tiny", config={"behaviour": "hang"}, warmup=0, profile_steps=3)
     result = run_profile(req, timeout_s=2, env=env)

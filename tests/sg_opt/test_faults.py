@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_a_memory_cap_hit_is_an_oom_failure():
     """Under a cap (ulimit -v, a container's limit) torch's CPU allocator raises a plain RuntimeError."""
     code = ("import resource, torch\n"
@@ -143,6 +144,7 @@ def _checkout_then(repo: Path, commit: str, then: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_worktree_left_by_a_killed_gate_is_pruned_by_the_next_and_a_running_ones_is_kept(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -178,6 +180,7 @@ def _before_the_report(run_dir: Path) -> None:
         db.execute("DELETE FROM writes WHERE checkpoint_id IN (?, ?)", (last, parent))
 
 
+@pytest.mark.slow
 def test_a_final_measurement_that_times_out_is_retried_reported_and_redone_on_resume(finished_run, monkeypatch):
     """It said "no faster configuration was proven" and exited 0, dropping the run's accepted changes."""
     _before_the_report(finished_run)
@@ -203,6 +206,7 @@ def test_a_final_measurement_that_times_out_is_retried_reported_and_redone_on_re
     assert json.loads((finished_run / "summary.json").read_text())["final"]["ratio"]
 
 
+@pytest.mark.slow
 def test_a_baseline_killed_half_way_keeps_its_finished_parts_and_its_time(tmp_path):
     """Killed after its numerics runs, the baseline redid all of them on resume, and its minutes went uncounted
     ("5.1 minutes used of 4", really 8.1)."""

@@ -283,6 +283,7 @@ def worktrees(repo: Path) -> int:
     return git(repo, "worktree", "list", "--porcelain").count("worktree ")
 
 
+@pytest.mark.slow
 def test_unchanged_tree_passes_with_reports(repo, tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
 
@@ -306,6 +307,7 @@ def test_unchanged_tree_passes_with_reports(repo, tmp_path, monkeypatch):
     assert worktrees(repo) == 1  # the checkout of the ref is gone
 
 
+@pytest.mark.slow
 def test_injected_slowdown_fails(repo, tmp_path):
     commit_change(repo, SLOWER, "sleep in the step")
     result = gate("--ref", "HEAD~1", "--aa-runs", "1", "--junit", str(tmp_path / "gate.xml"))
@@ -318,6 +320,7 @@ def test_injected_slowdown_fails(repo, tmp_path):
     assert failures["numerics"] is None  # a sleep changes no number
 
 
+@pytest.mark.slow
 def test_a_base_tree_checked_out_already_is_compared_as_a_ref(repo, tmp_path):
     """--ref-tree: the base as a folder (a CI job's second checkout; no git needed), the change uncommitted."""
     base = tmp_path / "base"
@@ -337,19 +340,23 @@ def test_a_base_tree_checked_out_already_is_compared_as_a_ref(repo, tmp_path):
         assert result.exit_code == 2 and words in output and "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_changed_math_fails_the_numerics(repo):
     commit_change(repo, OTHER_MATH, "another learning rate")
-    result = gate("--ref", "HEAD~1", "--floor", "0.03", "--max-regression", "0.5", "--json")
+    # blocks of 0.1 s: the verdict here is the numerics', and a step-time budget of 50% passes noisier blocks too
+    result = gate("--ref", "HEAD~1", "--floor", "0.03", "--max-regression", "0.5", "--block-seconds", "0.1", "--json")
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["step_time"]["passed"] and not report["numerics"]["passed"] and report["outcome"] == "regression"
     assert report["numerics"]["verdict"]["failed_quantity"] == "loss"
 
 
+@pytest.mark.slow
 def test_an_inconclusive_gate_measures_more_then_exits_3_unless_allowed(repo, tmp_path):
     """An allowed regression of 0.1% is below any floor this machine can calibrate (at least 1%): no measurement
-    can pass it, so the gate extends once (the cap) and exits 3; --allow-inconclusive makes that 0, loudly."""
-    tight = ("--ref", "HEAD", "--max-regression", "0.001", "--aa-runs", "1")
+    can pass it, so the gate extends once (the cap) and exits 3; --allow-inconclusive makes that 0, loudly. Blocks
+    of 0.1 s: a shorter block widens the floor and the interval, which keeps the verdict inconclusive."""
+    tight = ("--ref", "HEAD", "--max-regression", "0.001", "--aa-runs", "1", "--block-seconds", "0.1")
     result = gate(*tight, "--max-extensions", "1", "--junit", str(tmp_path / "gate.xml"), "--json")
     assert result.exit_code == INCONCLUSIVE_EXIT, result.output
     report = json.loads(result.stdout)
@@ -386,6 +393,7 @@ def test_set_up_errors_are_one_sentence_exit_2(repo, tmp_path, monkeypatch):
     assert result.exit_code == 2 and "not inside a git repository" in result.output
 
 
+@pytest.mark.slow
 def test_saved_baseline_passes_unchanged_and_refuses_another_device(repo, tmp_path):
     saved = tmp_path / "baseline.json"
     result = runner.invoke(app, ["bench", "--target", TARGET, "--size", "tiny", "--threads", "1", "--steps", "16",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -19,11 +20,14 @@ from tests.sg_opt.test_gate import repo, worktrees  # noqa: F401 (the git reposi
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_a_gate_on_two_ranks_runs_both_sides_on_two_ranks(repo):  # noqa: F811
     # haste-rec comes from the installed package on both sides; the gate's logic and its ranks are under
-    # test. A wide --floor and --max-regression keep noise from failing it: the numerics must still hold.
+    # test. A wide --floor and --max-regression keep noise from failing it (and let its blocks be short): the
+    # numerics must still hold.
     result = runner.invoke(app, ["gate", "--ref", "HEAD", "--target", "haste-rec", "--size", "tiny", "--ranks", "2",
-                                 "--blocks", "2", "--block-steps", "2", "--warmup", "1", "--numerics-steps", "3",
+                                 "--blocks", "2", "--block-steps", "2", "--block-seconds", "0.1", "--warmup", "1",
+                                 "--numerics-steps", "3",
                                  "--floor", "0.5", "--max-regression", "10", "--timeout", "120", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -25,6 +25,7 @@ from tests.fixtures.openai_server import (reply_delay, reply_json, reply_raw, re
 from tests.fixtures.quick_measurement import quick_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # each test is a real agent run, or two
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 FAKE_KEY = "sk-test-DO-NOT-LEAK-4242424242"
 INPUT, CACHED, OUTPUT = 1.0, 0.5, 2.0

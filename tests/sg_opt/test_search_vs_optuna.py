@@ -35,6 +35,7 @@ def tpe_run(tmp_path_factory) -> tuple[Path, dict]:
     return run_dir, json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_every_tpe_sample_goes_through_check_validate_and_measure(tpe_run):
     run_dir, summary = tpe_run
     rows = summary["candidates"]
@@ -74,6 +75,7 @@ def test_search_tpe_without_optuna_says_how_to_get_it(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "needs optuna" in " ".join(result.stderr.split()), result.output
 
 
+@pytest.mark.slow
 def test_the_comparison_charts_both_searches_and_measures_sg_opt_against_the_oracle(agent_run, tpe_run, tmp_path):
     tpe_dir, tpe_summary = tpe_run
     out = tmp_path / "cmp"
@@ -107,6 +109,7 @@ def test_the_comparison_charts_both_searches_and_measures_sg_opt_against_the_ora
     assert f"final against final: {100 * final_share:.0f}% of the speedup" in md
 
 
+@pytest.mark.slow
 def test_an_estimate_far_from_its_final_measurement_is_called_out(agent_run, tpe_run):
     """The product of accepted ratios compounds their errors (2026-12-03, `large`: x34.1 estimated, x18.99 final):
     the record says so, and the share of the oracle is taken final against final."""
@@ -126,6 +129,7 @@ def test_an_estimate_far_from_its_final_measurement_is_called_out(agent_run, tpe
     assert record["sg_opt_share_of_oracle_final"]["speedup"] == pytest.approx(halved.speedup / tpe.final.speedup)
 
 
+@pytest.mark.slow
 def test_an_unfinished_oracle_is_called_interim_not_empty(agent_run, tpe_run):
     tpe_dir, tpe_summary = tpe_run
     rules = Summary.model_validate(json.loads((agent_run / "summary.json").read_text()))

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
@@ -38,6 +39,7 @@ def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp_path):
     """Kill -9 mid-run, resume: no accepted result is lost, at most the candidate in flight is redone,
     and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection."""
@@ -78,6 +80,7 @@ def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp
     assert sum(e["event"] == "baseline" for e in events(run_dir)) == 1
 
 
+@pytest.mark.slow
 def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_end_an_unsplit_one_reaches(tmp_path):
     """The offline tier on tiny, given a few seconds per invocation (a job limit): it pauses at a checkpoint, exit
     3, saying how to go on; each invocation starts at least one step (here: setup, then the baseline), however
@@ -140,6 +143,7 @@ def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # nothing left behind
 
 
+@pytest.mark.slow
 def test_a_run_whose_incumbent_fails_while_timed_stops_in_one_sentence_and_resumes(tmp_path, monkeypatch):
     """The measurement of candidate #1 finds the incumbent's worker failing (as the TPE oracle's hung in session
     15): the run stops with exit code 1 and one sentence, #1 undecided; resumed, it measures #1 and goes on."""

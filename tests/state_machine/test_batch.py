@@ -85,6 +85,7 @@ def test_the_fastest_winner_of_a_batch_alone_becomes_the_incumbent(tmp_path, mon
     assert max(overlap) == 3  # the three validations ran at the same time
 
 
+@pytest.mark.slow
 def test_two_lanes_evaluate_real_candidates_at_once(tmp_path):
     """The agent test target on the CPU, 2 lanes: the graph batches, times each pair on its own CPUs, and
     records one winner per batch."""

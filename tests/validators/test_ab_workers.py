@@ -97,6 +97,7 @@ def hung_measurements() -> dict[str, ABResult]:
         return {name: future.result() for name, future in running.items()}
 
 
+@pytest.mark.slow
 def test_a_hanging_side_is_killed_at_the_time_limit(hung_measurements):
     """Its time limit does not count the wait for the measurement lock (the other one held it meanwhile)."""
     result = hung_measurements["hang"]
@@ -104,6 +105,7 @@ def test_a_hanging_side_is_killed_at_the_time_limit(hung_measurements):
     assert result.wall_s - result.waited_s < 5 + 15
 
 
+@pytest.mark.slow
 def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited(hung_measurements):
     """As a loader worker stuck under a trainer waiting for its batch: the failure holds both processes' stacks."""
     result = hung_measurements["hang-in-child"]
@@ -112,6 +114,7 @@ def test_a_side_that_hangs_in_a_process_it_forked_says_where_each_one_waited(hun
     assert "in _misbehave" in detail and "in _sleep_in_child" in detail  # the trainer's wait, the child's sleep
 
 
+@pytest.mark.slow
 def test_real_aa_of_the_reference_trainer_is_not_faster():
     result = measure_ab(INCUMBENT, INCUMBENT, blocks=6, steps_per_block=10, timeout_s=240)
     assert result.failure is None, result.failure
@@ -149,6 +152,7 @@ def test_real_blocks_last_at_least_block_seconds():
     assert ready + result.blocks_s + result.close_s <= result.wall_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settled_below, blocks", [(float("inf"), 10), (0.0, 20)])
 def test_an_aa_run_already_settled_at_half_its_blocks_ends_there(settled_below, blocks):
     """An A/A run whose bias plus half-width at half its blocks is below ``settled_below`` stops there and says

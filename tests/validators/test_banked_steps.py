@@ -71,8 +71,8 @@ def test_a_block_without_a_drain_times_the_bank():
     assert session.steps == 3 and block["drained"] == 0 and max(block["step_s"]) < SLOW_S * 0.5
 
 
+@pytest.mark.parametrize("older", [False, True])  # varies fastest: each change of the switch starts a fork server
 @pytest.mark.parametrize("hold", ["1", "0"])
-@pytest.mark.parametrize("older", [False, True])
 def test_a_held_side_drains_before_its_first_block_only(monkeypatch, hold, older):
     """A held side's loaders were stopped while the other side ran: only its first block follows idle building
     (its warm-up's wait). A side that is not held drains before every block. A worker of an older code tree (no

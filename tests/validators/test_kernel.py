@@ -248,6 +248,7 @@ def subprocess_verdicts(tmp_path_factory):
     return {**verdicts, "static": static, "marker": marker, "static_marker": static_marker}
 
 
+@pytest.mark.slow
 def test_correct_file_passes_end_to_end(subprocess_verdicts):
     verdict = subprocess_verdicts["correct"]
     assert verdict.ok, verdict.reason
@@ -298,6 +299,7 @@ def test_worker_reports_set_up_failures(tmp_path):
     assert missing.check == "load" and "cannot read kernel file" in missing.reason
 
 
+@pytest.mark.slow
 def test_the_validate_node_checks_every_dtype_of_the_plan_and_records_those_it_skips(tmp_path):
     """On the CPU: float32 and float16, side by side; bfloat16 left out, and why, in the candidate's record."""
     from state_machine.state import Candidate, RunState

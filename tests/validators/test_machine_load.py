@@ -197,6 +197,7 @@ def test_a_records_sentence_and_pooling():
     assert pooled_load([quiet, beside]).beside_runs == 2 and not pooled_load([quiet, beside]).quotable
 
 
+@pytest.mark.slow
 def test_a_measurement_beside_another_run_is_clean_but_not_quotable(tmp_path, monkeypatch):
     """Another run (a process that is none of ours, holding the presence lock every measuring command holds) alive
     as the blocks begin; a process of our own holding it (a command measuring in-process) does not count."""
@@ -223,6 +224,7 @@ def test_a_measurement_beside_another_run_is_clean_but_not_quotable(tmp_path, mo
     assert alone.failure is None and alone.load.beside_runs == 0 and alone.quotable
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU to pin the busy loop on besides ours")
 def test_a_busy_loop_on_the_measured_cpu_flags_the_pairs():
     cpu = sorted(os.sched_getaffinity(0))[-1]

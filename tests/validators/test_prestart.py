@@ -96,6 +96,7 @@ def test_a_worker_that_died_ahead_is_replaced_by_a_fresh_pair(spawns, pool):
     assert spawns == ["incumbent", "candidate", "incumbent", "candidate"]
 
 
+@pytest.mark.slow
 def test_the_switch_turns_it_off_on_a_gpu_too(spawns, monkeypatch, pool):
     monkeypatch.setattr(timing_worker, "overlap_builds", lambda a, b: True)
     monkeypatch.setenv(started_ahead.PRESTART_SWITCH, "0")
@@ -120,6 +121,7 @@ def test_on_a_gpu_workers_started_beside_a_numerics_run_are_the_ones_timed(spawn
     assert result.started_ahead and spawns == ["incumbent", "candidate"]
 
 
+@pytest.mark.slow
 def test_a_spare_pair_is_ready_and_held_during_the_first_measurement_and_timed_by_the_second(spawns, room, pool):
     key = pool.prestart(OK, SLOW, 60, force=True, pairs=2)
     first, spare = (list(workers_ahead(pool, key, pair).values()) for pair in (0, 1))
@@ -142,6 +144,7 @@ def test_a_spare_no_measurement_came_to_is_killed_by_discard(spawns, room, pool)
     assert not pool.waiting(key) and all(w.proc.poll() is not None for w in spare)
 
 
+@pytest.mark.slow
 def test_a_spare_that_died_while_it_waited_is_replaced_by_a_fresh_pair(spawns, room, pool):
     key = pool.prestart(OK, SLOW, 60, force=True, pairs=2)
     victim = workers_ahead(pool, key, 1)["a"].proc
@@ -222,6 +225,7 @@ def test_on_a_gpu_a_spare_pair_built_beside_a_numerics_run_is_the_second_measure
     assert not pool.waiting(key)
 
 
+@pytest.mark.slow
 def test_a_spare_that_is_not_ready_in_time_is_dropped_without_failing_the_measurement(spawns, room, monkeypatch, pool):
     """A spare that never answers costs the measurement before it SPARE_WAIT_S, not its own time limit (60 s)."""
     monkeypatch.setattr(started_ahead, "SPARE_WAIT_S", 1.0)
@@ -237,6 +241,7 @@ def test_a_spare_that_is_not_ready_in_time_is_dropped_without_failing_the_measur
     assert not pool.waiting(key) and late.proc.poll() is not None  # dropped and killed
 
 
+@pytest.mark.slow
 def test_a_calibrations_later_a_a_runs_time_workers_started_with_the_first(spawns, room, monkeypatch, pool):
     """On a GPU both A/A pairs start at once: the second run times the spare, held through the first run."""
     from validators.speedup import calibrate_noise_floor
@@ -256,6 +261,7 @@ def test_a_calibration_whose_first_run_fails_kills_its_spare(spawns, room, monke
     assert spawns == ["A1", "A2"] * 2 and len(pool) == 0
 
 
+@pytest.mark.slow
 def test_on_a_cpu_a_calibration_starts_each_runs_workers_for_it(spawns, room, pool):
     from validators.speedup import calibrate_noise_floor
     floor = calibrate_noise_floor(SLOW, blocks=2, steps_per_block=2, timeout_s=60, repeats=2, pool=pool)
@@ -283,6 +289,7 @@ def test_closing_the_pool_kills_and_reaps_every_pair_still_waiting_under_every_k
     assert len(pool) == 0 and all(w.proc.poll() is not None for w in spawns.workers)
 
 
+@pytest.mark.slow
 def test_a_measurement_takes_workers_only_from_the_pool_it_is_given(spawns, pool):
     key = pool.prestart(OK, SLOW, 60, force=True)
     alone = measure_ab(OK, SLOW, blocks=2, steps_per_block=2, timeout_s=60)  # no pool: it starts its own

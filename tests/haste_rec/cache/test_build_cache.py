@@ -6,6 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from targets.haste_rec.cache import build_cache
@@ -113,6 +114,7 @@ print(build_cache.cached("test", ("one key",), compute)["value"].tolist())
 """
 
 
+@pytest.mark.slow
 def test_processes_that_miss_at_once_compute_once(tmp_path):
     """Three workers missing the same entry at once: one computes, the others wait and read what it wrote (on an
     H200 two workers replayed the same cache warm-up at once, and the numerics worker's build took 16x its time

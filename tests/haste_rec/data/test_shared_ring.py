@@ -150,6 +150,7 @@ def test_on_a_gpu_pinned_and_prefetched_slots_train_bitwise_alike(data, workers)
     assert losses({**packed, **data, "data_workers": workers}, "cuda") == losses(packed, "cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_timing_workers_with_four_ring_workers_get_ready_and_measure(device):
