@@ -110,6 +110,7 @@ def test_the_stale_and_twice_per_shape_cheats_pass_the_kernel_check(runs):
         assert runs[name].ok, runs[name].reason
 
 
+@pytest.mark.slow
 def test_the_stale_cheat_fails_the_spot_checked_numerics_run_at_its_first_stale_call(runs):
     assert runs["stale unchecked"].ok, runs["stale unchecked"].failure  # unchecked, its stale calls train on
     result = runs["stale spot-checked"]
@@ -118,6 +119,7 @@ def test_the_stale_cheat_fails_the_spot_checked_numerics_run_at_its_first_stale_
     assert "differs from its reference: relative error" in result.failure.message
 
 
+@pytest.mark.slow
 def test_the_twice_per_shape_cheat_fails_the_spot_checked_numerics_run_at_its_third_call(runs):
     result = runs["twice spot-checked"]
     assert not result.ok and result.failure.kind == "spot-check"

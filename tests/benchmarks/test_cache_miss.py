@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # each runs the benchmark script in a fresh interpreter
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[str, dict]:

@@ -71,6 +71,7 @@ def test_a_block_without_a_drain_times_the_bank():
     assert session.steps == 3 and block["drained"] == 0 and max(block["step_s"]) < SLOW_S * 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("older", [False, True])  # varies fastest: each change of the switch starts a fork server
 @pytest.mark.parametrize("hold", ["1", "0"])
 def test_a_held_side_drains_before_its_first_block_only(monkeypatch, hold, older):

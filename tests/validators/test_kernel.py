@@ -255,12 +255,14 @@ def test_correct_file_passes_end_to_end(subprocess_verdicts):
     assert verdict.seed == 99 and verdict.source is not None and verdict.source.ok and len(verdict.errors) >= 3
 
 
+@pytest.mark.slow
 def test_statically_rejected_file_never_runs(subprocess_verdicts):
     verdict = subprocess_verdicts["static"]
     assert verdict.check == "source" and verdict.reason.startswith("Rule import, line 6")
     assert not subprocess_verdicts["static_marker"].exists()
 
 
+@pytest.mark.slow
 def test_without_the_static_check_the_candidate_runs_in_a_scrubbed_environment(subprocess_verdicts):
     verdict = subprocess_verdicts["reads_env"]
     assert verdict.ok, verdict.reason  # its arithmetic is right: only the static check rejects it
@@ -278,6 +280,7 @@ def test_patching_torch_is_caught_even_when_it_makes_the_reference_agree(monkeyp
     assert bent.ok, bent.reason  # the in-process core alone is fooled: the snapshot is what catches it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,check,words", [
     ("hangs", "timeout", "did not finish within 3 s"),
     ("crashes", "crash", "killed by SIGSEGV"),
