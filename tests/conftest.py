@@ -2,8 +2,9 @@
 compiler when triton.language is first imported, so the choice is made here, before any test
 module imports it.
 
-Tests that need CUDA are marked ``gpu`` here, from their skip conditions, so that
-``-m "not gpu"`` (``make test-fast``) leaves them out on any machine without each test saying so twice."""
+Markers set here rather than on each test, so that ``make test-fast`` (``-m "not slow and not gpu"``) stays
+right as tests are added: ``gpu`` on tests that skip without CUDA (read from their skip reasons), ``slow`` on tests
+that need the session's real agent run (``agent_run`` in tests/sg_opt/conftest.py: half a minute)."""
 
 import os
 import re
@@ -35,3 +36,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _needs_cuda(item):
             item.add_marker(pytest.mark.gpu)
+        if "agent_run" in item.fixturenames:  # directly, or through rich_run or finished_run
+            item.add_marker(pytest.mark.slow)
