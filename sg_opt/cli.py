@@ -256,6 +256,9 @@ def optimize(
     out: str = typer.Option("runs", "--out", help="directory that holds run directories"),
     resume: Optional[str] = typer.Option(None, "--resume", help="continue this run id (or run directory) from "
                                                                 "its last checkpoint"),
+    on_another_machine: bool = typer.Option(False, "--on-another-machine", help="with --resume: go on although "
+                                            "this machine differs from the one the run measured on (CPU or GPU "
+                                            "models); its report says so"),
     pause_after: Optional[float] = typer.Option(None, "--pause-after", min=0.0, help="minutes this invocation may "
                                                 "run: a step that would not fit in what is left does not start, and "
                                                 "the run pauses (exit 3) to be continued with --resume"),
@@ -293,7 +296,10 @@ def optimize(
     pause_s = None if pause_after is None else 60.0 * pause_after
     try:
         if resume is not None:
-            final, summary = agent.resume(resume, out, console, quiet, pause_s, base_url)
+            final, summary = agent.resume(resume, out, console, quiet, pause_s, base_url,
+                                           on_another_machine)
+        elif on_another_machine:
+            raise ConfigError("--on-another-machine goes with --resume: a new run measures on this machine only")
         else:
             odd = [name for name, n in (("--blocks", blocks), ("--final-blocks", final_blocks),
                                         ("--aa-blocks", aa_blocks)) if n % 2]

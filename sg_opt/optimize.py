@@ -20,6 +20,7 @@ from rich.text import Text
 from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import check_reachable, make_client
 from sg_opt.redact import resolve_base_url
+from sg_opt import run_machine
 from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run, refuse_restart
 from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
@@ -28,6 +29,7 @@ from state_machine import events, graph
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.registry import check_proposer
 from state_machine.state import EvalPlan, Limits, RunState
+from state_machine.state_file import StateFileError, read_state
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
 from validators.started_ahead import WorkerPool
@@ -231,6 +233,7 @@ def result_sentence(summary: Summary) -> str:
 def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
           pause_after_s: float | None = None) -> tuple[RunState, Summary]:
     run_dir = create_run(out, request)
+    run_machine.record_start(run_dir, request.device)
     try:
         ctx, state = build_context(request, run_dir, request.base_url)
     except ConfigError:
@@ -240,9 +243,11 @@ def start(request: RunRequest, out: str, console: Console, quiet: bool = False,
 
 
 def resume(run_id: str, out: str, console: Console, quiet: bool = False,
-           pause_after_s: float | None = None, base_url: str | None = None) -> tuple[RunState, Summary]:
+           pause_after_s: float | None = None, base_url: str | None = None,
+           on_another_machine: bool = False) -> tuple[RunState, Summary]:
     run_dir, request = find_run(out, run_id)
     check_checkpoint(run_dir)
+    run_machine.check_resume(run_dir, request.device, _evaluated(run_dir), on_another_machine)
     ctx, initial = build_context(request, run_dir, base_url)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
@@ -253,6 +258,14 @@ def resume(run_id: str, out: str, console: Console, quiet: bool = False,
     return _drive(ctx, None if started else initial, request, run_dir, console, quiet, pause_after_s)
 
 
+def _evaluated(run_dir: Path) -> int:
+    """Candidates the run had evaluated at its last state file (0 without a readable one: the checkpoint decides
+    the resume, this only dates a move of machine)."""
+    try:
+        saved = read_state(run_dir)
+    except StateFileError:
+        return 0
+    return saved.evaluated if saved else 0
 
 
 def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,

@@ -28,8 +28,6 @@ samples, their block medians, the numerics fingerprint, the environment and the 
 
 from __future__ import annotations
 
-import os
-import platform
 import subprocess
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
+from sg_opt.run_machine import HostInfo, host_info  # noqa: F401 (host_info: the gate reads the host here)
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, NumericsData, WorkerRequest, WorkerResult
@@ -48,11 +47,6 @@ NUMERICS_STEPS = 10
 RUNS = 2
 SPREAD_BLOCKS = 4
 UNPAIRED_MIN_FLOOR = 2 * MIN_FLOOR
-
-
-class HostInfo(BaseModel):
-    cpu_model: str
-    cpu_count: int
 
 
 class SavedBaseline(BaseModel):
@@ -77,19 +71,6 @@ class SavedBaseline(BaseModel):
 
 class SaveFailed(RuntimeError):
     """A run needed for a saved baseline failed (the workload's fault: exit 1)."""
-
-
-def host_info() -> HostInfo:
-    """The CPU this process runs on: its model name (from /proc/cpuinfo where there is one) and count."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    return HostInfo(cpu_model=model or platform.processor() or platform.machine(), cpu_count=os.cpu_count() or 1)
 
 
 def git_commit(where: str | Path = ".") -> str | None:

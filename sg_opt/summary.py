@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from profilers.floor import floor_sentence
 from profilers.records import Ceilings, HostWait, HostWork, ProfileResult
+from sg_opt import run_machine
 from sg_opt.ledger import TokenLedger, Total as Spend
 from state_machine import events
 from state_machine.events import read_events
@@ -453,6 +454,7 @@ def build_summary(state: RunState) -> Summary:
     baseline_step, best_step = _step_times(state, run_dir, notes, trust)
     profiles = _profiles(state, run_dir, notes)
     decided_at = _decided_at(run_dir)
+    notes += run_machine.move_notes(run_dir)
     return Summary(run_id=state.run_id, target=state.target, size=state.size, device=state.device, tier=state.tier,
                    stop_reason=state.stop_reason, finished=state.stop_reason is not None,
                    baseline_step_ms=baseline.step_ms if baseline else None,
