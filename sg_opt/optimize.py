@@ -227,6 +227,9 @@ def result_sentence(summary: Summary) -> str:
                 f"spent, stopped by {summary.stop_reason}")
     if f is not None and f.note:  # the final measurement failed: say how, and how to measure again
         return f"no faster configuration was proven: {f.note}"
+    if summary.stop_reason is None:
+        return (f"the run has not finished ({summary.evaluated} candidates, {summary.accepted} accepted, no final "
+                f"measurement yet): continue it with sg-opt optimize --resume {summary.run_id}")
     return f"no faster configuration was proven; stopped by {summary.stop_reason}"
 
 

@@ -109,3 +109,4 @@ def test_on_another_machine_without_resume_is_one_sentence(tmp_path):
                                       "--on-another-machine"])
     assert result.exit_code == 2 and "--on-another-machine goes with --resume" in result.output
     assert not any(tmp_path.iterdir())
+
