@@ -178,27 +178,59 @@ def test_row_wise_training_on_uneven_blocks_and_samples_with_weights(tmp_path_fa
     assert result["losses"][-1] < 0.5 * result["losses"][0]  # it trains (on noise: more slowly)
 
 
-@pytest.mark.parametrize("fault,timeout_s", [("exit:1:3", "30"), ("hang:1:3", "5")], ids=["dies", "hangs"])
-def test_a_failed_rank_fails_the_job_instead_of_hanging_it(tmp_path, fault, timeout_s):
+FAULTS = [("exit:1:3", "30"), ("hang:1:3", "5")]
+REFUSED = [("embedding_sharding=column-wise", "error: knob embedding_sharding must be one of table-wise | row-wise, "
+                                              "not 'column-wise'"),
+           ("pack_batches=true", "error: pack_batches = True runs on one process only, not in a torch.distributed job")]
+
+
+@once
+def failed_job(fault: str, timeout_s: str) -> tuple[subprocess.CompletedProcess, float, bool]:
+    """A job with the rank fault `fault`: (the finished launcher, its wall seconds, whether it wrote a result)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        done, seconds = torchrun("--steps", "20", "--fault", fault, "--timeout-s", timeout_s, "--out", str(out),
+                                 timeout=60)
+        return done, seconds, out.exists()
+
+
+@once
+def refused_job(setting: str) -> subprocess.CompletedProcess:
+    return torchrun("--steps", "1", "--set", setting, timeout=60)[0]
+
+
+@pytest.fixture(scope="module")
+def failing_two_at_a_time() -> None:
+    """The jobs that fail, two at a time as in ``two_at_a_time``: the hanging one waits out its collective timeout
+    beside the others' imports. Each test reads its own job's result and is asserted alone."""
+    def run(job: Callable[[], Any]) -> None:
+        try:
+            job()
+        except subprocess.TimeoutExpired:
+            pass  # not kept: the case's own test runs it again and fails with its message
+
+    # the hanging job first: the other slot runs the three short ones meanwhile
+    jobs = [functools.partial(failed_job, *fault) for fault in reversed(FAULTS)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(run, jobs + [functools.partial(refused_job, setting) for setting, _ in REFUSED]))
+
+
+@pytest.mark.parametrize("fault,timeout_s", FAULTS, ids=["dies", "hangs"])
+def test_a_failed_rank_fails_the_job_instead_of_hanging_it(fault, timeout_s, failing_two_at_a_time):
     """exit: torchrun sees the dead worker and stops the job; hang: the other rank's collective times
     out (--timeout-s), it fails, and torchrun stops the silent one."""
-    out = tmp_path / "result.json"
-    done, seconds = torchrun("--steps", "20", "--fault", fault, "--timeout-s", timeout_s, "--out", str(out),
-                             timeout=60)
+    done, seconds, wrote = failed_job(fault, timeout_s)
     assert done.returncode != 0
     assert seconds < 60
     assert "ChildFailedError" in done.stderr and "exitcode  : 1" in done.stderr
     if fault.startswith("hang"):
         assert "Timed out" in done.stderr  # the collective timeout, not torchrun, ended it
-    assert not out.exists()
+    assert not wrote
 
 
-@pytest.mark.parametrize("setting,sentence", [
-    ("embedding_sharding=column-wise", "error: knob embedding_sharding must be one of table-wise | row-wise, "
-                                       "not 'column-wise'"),
-    ("pack_batches=true", "error: pack_batches = True runs on one process only, not in a torch.distributed job"),
-])
-def test_an_unknown_sharding_scheme_or_a_single_process_knob_is_one_sentence_and_exit_status_2(setting, sentence):
-    done, _ = torchrun("--steps", "1", "--set", setting, timeout=60)
+@pytest.mark.parametrize("setting,sentence", REFUSED)
+def test_an_unknown_sharding_scheme_or_a_single_process_knob_is_one_sentence_and_exit_status_2(
+        setting, sentence, failing_two_at_a_time):
+    done = refused_job(setting)
     assert done.returncode != 0 and "exitcode  : 2" in done.stderr
     assert sentence in done.stderr

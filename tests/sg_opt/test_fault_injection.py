@@ -3,7 +3,8 @@ loses no accepted candidate and overwrites no file its checkpoint names, whateve
 worktree is pruned by the next gate.
 
 A kill point is a time, or for optimize a number of the run's events followed by a time, so that kills land
-inside every node and the run still gets on between them. Each command has TRIALS kills (SG_OPT_FAULT_TRIALS).
+inside every node and the run still gets on between them. Each command has TRIALS kills (SG_OPT_FAULT_TRIALS): 3 in
+the suite, an early, a middle and a late one (``_kill_times``), and the full 20 in `make test-faults`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.fixtures.quick_measurement import quick_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261206
-TRIALS = int(os.environ.get("SG_OPT_FAULT_TRIALS", "5"))  # `make test-faults`: the full 20 a command
+TRIALS = int(os.environ.get("SG_OPT_FAULT_TRIALS", "3"))  # `make test-faults`: the full 20 a command
 CLI = [sys.executable, "-m", "sg_opt.cli"]
 AGENT_TARGET = ROOT / "tests" / "fixtures" / "agent_target.py"
 
@@ -49,6 +50,16 @@ def _after(seconds: float, first: Callable[[], bool] = lambda: True) -> Callable
     return ready
 
 
+def _kill_times(rng: random.Random, low: float, high: float) -> list[float]:
+    """TRIALS kill times, one drawn in each of TRIALS equal slices of [low, high], in random order: every part of
+    the command's life gets a kill however few the trials (five plain uniform draws put two of the gate's kills
+    0.04 s apart and none past 10.3 s of its 15)."""
+    width = (high - low) / TRIALS
+    times = [rng.uniform(low + i * width, low + (i + 1) * width) for i in range(TRIALS)]
+    rng.shuffle(times)
+    return times
+
+
 def _killed(proc: subprocess.Popen, ready: Callable[[], bool], what: str) -> int:
     seen = kill_when(proc, ready)
     assert survivors(seen) == [], f"{what}: processes outlived the kill"
@@ -56,9 +67,7 @@ def _killed(proc: subprocess.Popen, ready: Callable[[], bool], what: str) -> int
 
 
 def test_bench_killed_at_random_points_leaves_no_process():
-    rng = random.Random(SEED)
-    for trial in range(TRIALS):
-        at = rng.uniform(0.2, 8.0)
+    for trial, at in enumerate(_kill_times(random.Random(SEED), 0.2, 8.0)):
         _killed(_start(["bench", "--size", "tiny", "--steps", "5", "--warmup", "1", "--phase-steps", "1",
                         "--threads", "1"], ROOT), _after(at), f"bench trial {trial}, killed at {at:.2f} s")
 
@@ -171,10 +180,8 @@ def test_gate_killed_at_random_points_leaves_no_process_and_no_worktree(tmp_path
     args = ["gate", "--target", "gate_target:target", "--size", "tiny", "--threads", "1", "--blocks", "4",
             "--block-steps", "3", "--warmup", "2", "--numerics-steps", "4", "--timeout", "60", "--ref", "HEAD",
             "--max-extensions", "0", "--allow-inconclusive", "--floor", "0.5", "--max-regression", "10"]
-    rng = random.Random(SEED + 2)
     trees: set[str] = set()
-    for trial in range(TRIALS):
-        at = rng.uniform(0.3, 15.0)
+    for trial, at in enumerate(_kill_times(random.Random(SEED + 2), 0.3, 15.0)):
         _killed(_start(args, repo), _after(at), f"gate trial {trial}, killed at {at:.2f} s")
         trees.update(_worktrees(repo)[1:])
     done = subprocess.run([*CLI, *args], cwd=repo, capture_output=True, text=True, timeout=400)
