@@ -1,8 +1,9 @@
 """How often `sg-opt gate` gets it right: a planted 15% slowdown must fail, a no-op must pass, quiet or busy.
 
-Two copies of the committed tree (``git archive HEAD``) are made in ``--work``: ``ref`` as it is, and ``cand``
-either as it is (the no-op) or with every training step of the bundled trainer busy-waiting ``--slowdown`` of its
-own measured time (the planted regression: more work per step, numerics untouched). Each trial runs
+Copies of the committed tree (``git archive HEAD``; with ``--working-tree``, the working tree's files, tracked
+and untracked but not ignored, to try a change before it is committed) are made in ``--work``: ``ref`` as it is,
+and ``cand`` either as it is (the no-op) or with every training step of the bundled trainer busy-waiting
+``--slowdown`` of its own measured time (the planted regression: more work per step, numerics untouched). Each trial runs
 ``sg-opt gate --size tiny --ref-tree ref`` from inside ``cand`` and records its exit code, ratio and interval;
 ``--busy`` runs a one-core busy loop beside every trial. Trials are appended to ``--out`` (JSON lines) and a
 rerun skips the ones already there, so the benchmark resumes where it stopped.
@@ -48,19 +49,28 @@ HasteRecSession.step = _planted_slowed_step
 CONDITIONS = ("noop-quiet", "slow-quiet", "noop-busy", "slow-busy")
 
 
-def export_tree(dest: Path) -> None:
-    """The committed tree at HEAD, without its history (what a CI job's checkout holds)."""
+def export_tree(dest: Path, working: bool = False) -> None:
+    """The committed tree at HEAD, without its history (what a CI job's checkout holds); or, ``working``, the
+    files of the working tree that git does not ignore, as they are now."""
     dest.mkdir(parents=True)
+    if working:
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                check=True, capture_output=True).stdout.decode()
+        for name in filter(None, listed.split("\0")):
+            if (REPO / name).is_file():  # a tracked file deleted in the working tree is left out
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, dest / name)
+        return
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
-def prepare(work: Path, slowdown: float) -> dict[str, Path]:
+def prepare(work: Path, slowdown: float, working: bool = False) -> dict[str, Path]:
     """``ref``, ``noop`` and ``slow`` trees under ``work`` (made once; kept for a resumed run)."""
     trees = {name: work / name for name in ("ref", "noop", "slow")}
     for name, tree in trees.items():
         if not tree.is_dir():
-            export_tree(tree)
+            export_tree(tree, working)
             if name == "slow":
                 session = tree / "targets" / "haste_rec" / "session.py"
                 session.write_text(session.read_text() + PLANT.format(slowdown=slowdown))
@@ -89,7 +99,7 @@ def trial(tree: Path, ref: Path, gate_args: list[str], timeout_s: float) -> dict
         except ValueError:
             data = {}
     step = data.get("step_time") or {}
-    record.update({k: step.get(k) for k in ("ratio", "ci_low", "ci_high", "floor", "passed")})
+    record.update({k: step.get(k) for k in ("ratio", "ci_low", "ci_high", "floor", "passed", "extensions")})
     record["message"] = (step.get("message") or "")[:300]
     return record
 
@@ -115,7 +125,9 @@ def main() -> int:
     parser.add_argument("--out", default="gate_trials.jsonl")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a gate run may take")
     parser.add_argument("--summary", action="store_true", help="print the counts of --out and stop")
-    parser.add_argument("--fresh", action="store_true", help="rebuild the trees from HEAD first")
+    parser.add_argument("--fresh", action="store_true", help="rebuild the trees first")
+    parser.add_argument("--working-tree", action="store_true", help="copy the working tree (its files git does not "
+                                                                    "ignore), not HEAD; give it its own --work")
     args, gate_args = parser.parse_known_args()
     out = Path(args.out)
     if args.summary:
@@ -124,7 +136,7 @@ def main() -> int:
     work = Path(args.work)
     if args.fresh and work.exists():
         shutil.rmtree(work)
-    trees = prepare(work, args.slowdown)
+    trees = prepare(work, args.slowdown, args.working_tree)
     done = collections.Counter(json.loads(line)["condition"] for line in out.read_text().splitlines()) \
         if out.exists() else collections.Counter()
     conditions = args.conditions.split(",")

@@ -362,7 +362,9 @@ def gate(
     warmup: int = typer.Option(5, min=0, help="--ref: untimed steps first"),
     floor: Optional[float] = typer.Option(None, min=0.0, help="noise floor (default: A/A calibration with --ref, "
                                                               "the runs' spread with --baseline)"),
-    aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
+    aa_runs: int = typer.Option(3, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
+    ab_runs: int = typer.Option(2, "--ab-runs", min=1, help="--ref: A/B runs, each in fresh workers, before the "
+                                                            "first verdict"),
     max_extensions: int = typer.Option(3, "--max-extensions", min=0, help="while the step time is inconclusive, "
                                                                           "measure more (fresh workers, blocks "
                                                                           "pooled) at most this many times"),
@@ -401,7 +403,7 @@ def gate(
              f"raise --max-regression, or leave --floor out to calibrate it")
     options = GateOptions(max_regression=max_regression, numerics_class=numerics_class, numerics_steps=numerics_steps,
                           blocks=blocks, block_steps=block_steps, block_seconds=block_seconds, floor=floor,
-                          aa_runs=aa_runs, timeout_s=timeout,
+                          aa_runs=aa_runs, ab_runs=ab_runs, timeout_s=timeout,
                           max_extensions=max_extensions, allow_inconclusive=allow_inconclusive)
     with Working("setting up the gate ...") as status:
         try:

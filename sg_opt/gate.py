@@ -6,9 +6,10 @@ Two ways to get the "before" side:
   temporary folder (removed afterwards, whatever happens) and its workers run there, importing from it
   first, so REV's own target code is measured (in sg-opt's own repository that includes REV's worker
   and timing loop, which are in the same packages). Side A = REV, side B = the working tree, both the same
-  request (target, size, knobs, device, threads), timed interleaved in one run on the same cores
-  (``validators.speedup.measure_ab``). The noise floor comes from ``--aa-runs`` A/A runs of REV
-  (``calibrate_noise_floor``) unless ``--floor`` gives it.
+  request (target, size, knobs, device, threads), timed interleaved on the same cores
+  (``validators.speedup.measure_ab``) in ``--ab-runs`` runs (default 2), each in fresh workers. The noise
+  floor comes from ``--aa-runs`` A/A runs of REV (default 3; ``calibrate_noise_floor``) unless ``--floor`` gives it:
+  the bias plus half-width of the interval over all of them (below), at least ``MIN_FLOOR``.
 * ``--baseline FILE``: figures saved by ``sg-opt bench --save FILE``; the working tree re-runs the saved
   request in as many fresh processes as were saved. Not interleaved, so its interval and floor are those
   of ``sg_opt.saved_baseline`` (bootstrap over steps; floor 2% + the spread of each side's runs), wider
@@ -31,14 +32,24 @@ never passes silently: the gate measures more (below), and what is still inconcl
 rule before this one passed a slowdown beyond m that was not clear of the floor, with a warning: a 15%
 slowdown passed against a floor of 15.9%, and a 52% one against 62.7%.
 
+**Pairs of workers are the units.** Two identical workers differ by an offset of their own that lasts as long
+as they do. Its largest cause is removed where it arises (how many of a step's pages glibc hands back and
+faults in again depended on each process's history; workers now run with fixed thresholds,
+``targets.fork_server.fixed_allocator_env``), but what is left still makes the blocks of one run no
+independent draws of the ratio. Several runs (A/A or A/B) are therefore combined by
+``validators.confirmation.pooled``: the geometric mean of each run's ratio, and a two-level bootstrap interval
+(runs drawn, then each drawn run's block pairs), which carries the spread between pairs of workers and narrows
+as runs, not blocks, accrue (``validators.ab_stats.pairs_ratio_ci``: pooled as if every block pair were
+independent, eight pairs of identical workers 8% apart held 1 in half of 200 synthetic draws). The gate's first
+verdict already rests on ``--ab-runs`` pairs (default 2), so that no single pair's offset is read as a change.
+
 **Measuring more** (``--max-extensions N``, default 3): while the step time is inconclusive, each extension
 runs, in fresh workers,
 
 * where the floor is wider than m and was calibrated (not ``--floor``), one more A/A run of A; the floor is
-  then the bias plus half-width of the interval over the block pairs of every A/A run so far, pooled
-  (``validators.confirmation.pooled``), at least ``MIN_FLOOR``: more pairs, a narrower interval;
-* where the A/B interval holds 1 + m, one more A/B run, its block pairs pooled with the earlier runs' (each
-  pair ran in the same minute on both sides, so pairs from fresh workers are as good units as one run's);
+  then the bias plus half-width of the interval over every A/A run so far (``pooled``), at least
+  ``MIN_FLOOR``: more pairs of workers, a narrower interval and a bias that averages their offsets out;
+* where the A/B interval holds 1 + m, one more A/B run, pooled with the earlier ones (``pooled``);
 * ``--baseline``: one more run of the working tree (the saved side cannot grow, and the unpaired floor,
   2% + the spreads of both sides, does not narrow with runs: a floor wider than m there stays inconclusive).
 
@@ -85,12 +96,19 @@ from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRequest, WorkerResult
 from validators.ab_stats import decide, floor_from
 from validators.confirmation import pooled
+from validators.machine_load import LoadPolicy
 from validators.numerics import NumericsVerdict, compare
 from validators.speedup import ABResult, CalibrationFailed, NoiseFloor, calibrate_noise_floor, measure_ab
 
 GATE_SCHEMA_VERSION = 2  # 2: verdicts of three values, the outcome, and the extensions made
 MAX_REGRESSION = 0.05
 MAX_EXTENSIONS = 3
+# A/B runs, each in fresh workers, before the first verdict: one pair's offset (up to 10% at `tiny` on the 2-core VM)
+# is no difference of the code, and only a second pair tells them apart (see "Pairs of workers are the units").
+AB_RUNS = 2
+# A/A runs before the first verdict: the floor is an interval over pairs of workers, and over two it is little more
+# than their range (at `tiny` on the 2-core VM, 2026-12-06, a no-op's floor was 7.7% after three runs, 5.0% after five).
+AA_RUNS = 3
 INCONCLUSIVE_EXIT = 3
 RULE = ("regression if ci_low > 1 + max(max_regression, floor); pass if ci_high < 1 + max_regression and "
         "floor <= max_regression; else inconclusive: measured more, then exit 3 (ratio = B time / A time)")
@@ -114,7 +132,8 @@ class GateOptions:
     # moves a block's mean by percents and the A/A floor passes the 5% budget.
     block_seconds: float = 0.5
     floor: float | None = None
-    aa_runs: int = 2
+    aa_runs: int = AA_RUNS
+    ab_runs: int = AB_RUNS
     timeout_s: float = 1800.0
     max_extensions: int = MAX_EXTENSIONS
     allow_inconclusive: bool = False
@@ -166,8 +185,8 @@ class GateResult(BaseModel):
     numerics: NumericsCheck
     warnings: list[str] = Field(default_factory=list)
     environment: Environment | None = None
-    ab: ABResult | None = Field(None, description="--ref: the interleaved measurement, block medians included (the "
-                                                  "block pairs of every A/B run pooled, when extended)")
+    ab: ABResult | None = Field(None, description="--ref: the interleaved measurement, block medians included (every "
+                                                  "A/B run pooled, each pair of workers a unit, when extended)")
     wall_s: float = 0.0
 
 
@@ -384,38 +403,52 @@ class Interleaved:
         self.aa: list[ABResult] = []
         self.floor, self.floor_source = options.floor or 0.0, "given with --floor"
         self.runs: list[ABResult] = []
+        self.load_policy: LoadPolicy | None = None  # None: measure_ab's own (see _note_load)
         if options.floor is None:
             self._calibrate(options.aa_runs)
 
     def _calibrate(self, runs: int) -> None:
-        """``runs`` more A/A runs of A; the floor from all of them (pooled once extended: more block pairs)."""
+        """``runs`` more A/A runs of A; the floor from all of them, pooled (each pair of workers a unit)."""
         o, a_label = self.options, self.labels[0]
         self.progress(f"calibrating the noise floor: {runs} A/A run(s) of {a_label} ...")
         try:
             noise = calibrate_noise_floor(self.spec, o.blocks, o.block_steps, o.timeout_s, runs, seed=len(self.aa),
-                                          block_seconds=o.block_seconds,
-                                          root=self.roots[0])
+                                          block_seconds=o.block_seconds, root=self.roots[0],
+                                          on_run=self._note_load, load_policy=self.load_policy)
         except CalibrationFailed as exc:
             raise GateSetupError(f"the target cannot be timed at {a_label}: {exc}") from None
-        if not self.aa:
-            self.aa, self.floor = list(noise.runs), noise.floor
-            self.floor_source = f"{len(self.aa)} interleaved A/A run(s) of {a_label}"
-            return
         self.aa += noise.runs
+        if len(self.aa) == 1:
+            self.floor, self.floor_source = noise.floor, f"1 interleaved A/A run of {a_label}"
+            return
         aa = pooled(self.aa)
         self.floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])
-        self.floor_source = (f"{len(self.aa)} interleaved A/A runs of {a_label}, their {aa.blocks} block pairs "
-                             f"pooled")
+        self.floor_source = (f"{len(self.aa)} interleaved A/A runs of {a_label}, pooled (each pair of workers a "
+                             f"unit; {aa.blocks} block pairs)")
 
-    def measure(self) -> None:
-        """One more A/B run, in fresh workers."""
+    def measure(self, runs: int = 1) -> None:
+        """``runs`` more A/B runs, each in fresh workers (fewer if one fails)."""
         o = self.options
-        self.progress(f"timing {self.labels[0]} and the working tree, interleaved ...")
-        run = measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
-                         block_seconds=o.block_seconds,
-                         floor=self.floor, seed=len(self.runs), roots=self.roots)
-        # a clean run replaces the ones the machine's other work tainted (uneven outside load, no lock)
-        self.runs = [r for r in self.runs if r.clean or not run.clean] + [run]
+        for _ in range(runs):
+            self.progress(f"timing {self.labels[0]} and the working tree, interleaved ...")
+            run = measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
+                             block_seconds=o.block_seconds, floor=self.floor, seed=len(self.runs), roots=self.roots,
+                             load_policy=self.load_policy)
+            self._note_load(run)
+            # a clean run replaces the ones the machine's other work tainted (uneven outside load, no lock)
+            self.runs = [r for r in self.runs if r.clean or not run.clean] + [run]
+            if run.failure is not None:
+                return
+
+    def _note_load(self, run: ABResult) -> None:
+        """Once a run has waited out its whole wait for outside load to drop and still found it, the gate's later
+        runs start at once: a load that outlasts the wait is steady, and steady load both blocks of a pair see
+        cancels in its ratio, while uneven blocks are still run again (``validators.speedup``, "Outside load").
+        Beside a one-core busy loop every run of a gate at `tiny` on the 2-core VM waited its 60 s, and a gate of
+        ten runs took over 12 minutes."""
+        load = run.load
+        if load is not None and load.outside_before is not None and load.outside_before > load.limit_cpus:
+            self.load_policy = LoadPolicy(wait_s=0.0)
 
     def extend(self, check: StepTimeCheck) -> str | None:
         """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why
@@ -494,7 +527,7 @@ def gate_against_tree(spec: WorkerRequest, root: Path, options: GateOptions, pro
                              f"{numerics_a.failure.message}")
     numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
     measurement = Interleaved(spec, roots, (a_label, b_label), options, progress)
-    measurement.measure()
+    measurement.measure(options.ab_runs)
     step = until_clear(measurement.judge, _extension(numerics, measurement.extend), options, progress)
     return _result("ref", spec, a_label, b_label, step, numerics, [], start, options,
                    environment=numerics_b.environment, ab=measurement.result)

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from pydantic import BaseModel, Field
 
 from targets.worker_protocol import WorkerRequest
-from validators.ab_stats import CONFIDENCE, RESAMPLES, bootstrap_ratio_ci, decide, paired_ratio
+from validators.ab_stats import CONFIDENCE, RESAMPLES, decide, pairs_ratio, pairs_ratio_ci
 from validators.machine_load import pooled_load
 from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides, measure_ab
 from validators.started_ahead import WorkerPool
@@ -39,15 +39,17 @@ def leans_faster(result: ABResult) -> bool:
 
 
 def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 0) -> ABResult:
-    """One result from the block pairs of several measurements of the same two specs: each pair ran in the
-    same minute on both sides, so pairs from fresh workers are as good units of the bootstrap as pairs from
-    one pair of workers; the ratio, interval and verdict are drawn from all of them."""
+    """One result from several measurements of the same two specs, each in fresh workers: its ratio, interval and
+    verdict are ``ab_stats.pairs_ratio`` and ``pairs_ratio_ci`` over them, each pair of workers one unit, since
+    each pair carries an offset of its own that its blocks share (pooled as if every block pair were independent,
+    a few pairs' offsets read as a difference). Its sides keep every block median, in the order measured."""
     first = results[0]
     if any((r.a.digest, r.b.digest) != (first.a.digest, first.b.digest) for r in results):
         raise SidesMismatch("pooled measurements must all time the same two specs")
     a = [m for r in results for m in r.a.block_medians]
     b = [m for r in results for m in r.b.block_medians]
-    low, high = bootstrap_ratio_ci(a, b, resamples, CONFIDENCE, seed)
+    runs = [(r.a.block_medians, r.b.block_medians) for r in results]
+    low, high = pairs_ratio_ci(runs, resamples, CONFIDENCE, seed)
     sides = {s: getattr(first, s).model_copy(update={
         "block_medians": m, "ready_s": None, "startup": None, "build_parts": {}, "memory": {},
         "block_pressure": [p for r in results for p in getattr(r, s).block_pressure],
@@ -55,7 +57,7 @@ def pooled(results: Sequence[ABResult], resamples: int = RESAMPLES, seed: int = 
         "clock_agreement": max((c for r in results if (c := getattr(r, s).clock_agreement) is not None),
                                key=lambda c: abs(math.log(c)), default=None)})
         for s, m in (("a", a), ("b", b))}  # no one worker's start-up: each measurement keeps its own
-    ratio = paired_ratio(a, b)
+    ratio = pairs_ratio(runs)
     return first.model_copy(update=dict(
         a=sides["a"], b=sides["b"], ratio=ratio, speedup=1.0 / ratio, ci_low=low, ci_high=high,
         verdict=decide(low, high, first.floor), order=[s for r in results for s in r.order],

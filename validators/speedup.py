@@ -76,7 +76,7 @@ A speedup claim is only as good as its comparison, so every claim here is made t
   fresh processes says ``faster`` again, and every measurement it made is ``clean``.
 * **Extended once when it leans.** A measurement whose interval straddles the floor while its point
   estimate is past it (``validators.confirmation.leans_faster``) gets as many blocks again, in fresh workers,
-  and is judged on the block pairs of both (``pooled``). At `large`, against a 13 ms host-bound incumbent, six
+  and is judged on both (``pooled``: each pair of workers a unit). At `large`, against a 13 ms host-bound incumbent, six
   blocks a side gave intervals of +-10% (0.854-1.048 for a point estimate of 0.959), too wide for the wins of
   5-10% that are left there. Looking at the data before deciding to take more raises the chance that noise
   passes, so the second, independent measurement must still say ``faster`` on its own terms (itself extended
@@ -475,7 +475,8 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
                           cpus: Sequence[int] | None = None, root: str | None = None,
                           block_seconds: float = 0.0, spares: bool = True,
                           on_run: Callable[[ABResult], None] | None = None,
-                          done: Sequence[ABResult] = (), pool: WorkerPool | None = None) -> NoiseFloor:
+                          done: Sequence[ABResult] = (), pool: WorkerPool | None = None,
+                          load_policy: LoadPolicy | None = None) -> NoiseFloor:
     """Run A against A ``repeats`` times in fresh workers (in the code tree ``root``, when given) and set the
     floor from the worst run; ``on_run`` sees each run as it ends (progress, or keeping it: a calibration killed
     half-way is resumed with the runs it finished as ``done``, and runs only the rest).
@@ -495,7 +496,7 @@ def calibrate_noise_floor(spec: WorkerRequest, blocks: int, steps_per_block: int
         for r in range(len(runs), repeats):
             run = measure_ab(spec, spec, blocks, steps_per_block, timeout_s, *labels, floor=MIN_FLOOR,
                              resamples=resamples, seed=seed + r, cpus=cpus, roots=roots, block_seconds=block_seconds,
-                             settled_below=MIN_FLOOR / 2, pool=pool)
+                             settled_below=MIN_FLOOR / 2, pool=pool, load_policy=load_policy)
             if on_run is not None:
                 on_run(run)
             if run.failure is not None:

@@ -162,14 +162,14 @@ def noisy(seed: int, truth: float = 1.0, sigma: float = 0.04, blocks: int = 6) -
 
 
 def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_until_it_is_clear(monkeypatch):
-    """A/A runs of 6 blocks with 4% noise a block set a floor over 5%; more A/A and A/B runs, their block pairs
-    pooled, narrow the floor and the interval until identical code passes."""
-    aa = [measured(*noisy(seed)) for seed in range(6)]
-    ab = [measured(*noisy(100 + seed)) for seed in range(4)]
+    """A/A runs of 6 blocks with 6% noise a block set a floor over 5%; more A/A and A/B runs, pooled (each pair of
+    workers a unit), narrow the floor and the interval until identical code passes."""
+    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(6)]
+    ab = [measured(*noisy(100 + seed, sigma=0.03)) for seed in range(4)]
     calls = canned(monkeypatch, list(aa), list(ab))
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
     measurement.measure()
-    assert measurement.floor > MAX_REGRESSION  # the first floor: the worst of two short A/A runs
+    assert measurement.floor > MAX_REGRESSION  # the first floor: two short A/A runs, pooled
     check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
     assert check.verdict == "pass" and 1 <= check.extensions <= 3, check.message
     assert calls["ab"] == 1 + check.extensions and 2 < calls["aa"] <= 2 + check.extensions
@@ -180,13 +180,53 @@ def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_unt
 
 
 def test_a_clear_interval_under_a_wide_floor_extends_the_floor_only(monkeypatch):
-    aa = [measured(*noisy(seed)) for seed in range(2)] + [measured([0.01] * 6, [0.01] * 6)] * 3
+    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(2)] + [measured([0.01] * 6, [0.01] * 6)] * 3
     same = [0.01, 0.0101, 0.0099, 0.01, 0.0101, 0.0099]
     calls = canned(monkeypatch, aa, [measured(same, same)])
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
     measurement.measure()
     check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
     assert calls["ab"] == 1 and calls["aa"] > 2 and check.verdict == "pass"
+
+
+def offset_run(seed: int, offset: float) -> ABResult:
+    """A run of identical code whose pair of workers carries an offset of its own, its blocks steady to 1%."""
+    return measured(*noisy(seed, truth=offset, sigma=0.01, blocks=10))
+
+
+def test_one_pair_of_workers_offset_from_the_others_is_no_regression_once_pairs_are_the_unit(monkeypatch):
+    """Identical code; the first A/B pair of workers runs 9% apart, the others within 3%. Judged alone, or with
+    every run's blocks pooled as one pair's, that reads as a regression; with the gate's first two A/B runs, each
+    pair of workers a unit, it does not."""
+    aa = [offset_run(seed, offset) for seed, offset in enumerate((1.03, 0.98, 1.0))]
+    ab = [offset_run(100 + seed, offset) for seed, offset in enumerate((1.09, 1.0, 1.03, 0.99, 1.01))]
+    calls = canned(monkeypatch, list(aa), list(ab))
+    measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(), lambda _: None)
+    assert step_verdict(ab[0].ci_low, ab[0].ci_high, measurement.floor, MAX_REGRESSION) == "regression"
+    measurement.measure(GateOptions().ab_runs)
+    check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
+    assert check.verdict != "regression" and check.ci_low < 1.0 < check.ci_high, check.message
+    used = ab[:calls["ab"]]
+    blocks = bootstrap_ratio_ci([m for r in used for m in r.a.block_medians],
+                                [m for r in used for m in r.b.block_medians])
+    assert check.ci_high - check.ci_low > blocks[1] - blocks[0]
+    assert measurement.result.pools == calls["ab"] >= 2
+
+
+def test_once_a_run_has_waited_out_a_steady_outside_load_the_next_runs_start_at_once(monkeypatch):
+    from validators.machine_load import LoadPolicy, LoadRecord
+    steady = LoadRecord(outside_before=0.95, waited_s=60.0)
+    same = [0.01, 0.0101, 0.0099, 0.01]
+    canned(monkeypatch, [measured(same, same)] * 3, [])
+    policies = []
+
+    def measure(*args, load_policy=None, **kwargs):
+        policies.append(load_policy)
+        return measured(same, same).model_copy(update={"load": steady if len(policies) == 1 else LoadRecord()})
+    monkeypatch.setattr(gate_module, "measure_ab", measure)
+    measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(), lambda _: None)
+    measurement.measure(3)
+    assert policies[0] is None and policies[1] == policies[2] == LoadPolicy(wait_s=0.0)
 
 
 # -- the reports -----------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import pytest
 import validators.confirmation as confirmation
 import validators.speedup as speedup
 from targets.worker_protocol import Failure, WorkerRequest
-from validators.ab_stats import MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio
+from validators.ab_stats import (MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio,
+                                 pairs_ratio, pairs_ratio_ci)
 from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
                                 assert_sides, calibrate_noise_floor, equal_time_steps, spec_digest)
 from validators.confirmation import confirm_win
@@ -194,7 +195,7 @@ def timed(a: WorkerRequest, b: WorkerRequest, a_medians, b_medians, floor: float
     return result
 
 
-def test_pooled_judges_the_block_pairs_of_both_measurements():
+def test_pooled_judges_both_measurements_each_pair_of_workers_a_unit():
     first = timed(INCUMBENT, CANDIDATE, [10.0, 11.0, 10.0, 14.0], [9.0, 10.5, 9.2, 15.0])
     more = timed(INCUMBENT, CANDIDATE, [10.0, 10.2, 10.1, 10.0], [9.3, 9.4, 9.3, 9.2])
     first.a.ready_s, first.a.startup = 13.3, {"start": 4.0, "build": 6.0, "warmup": 3.3}
@@ -205,9 +206,10 @@ def test_pooled_judges_the_block_pairs_of_both_measurements():
     assert not both.clean and both.load.reruns == 1 and both.a.clock_agreement == 0.91
     assert both.a.ready_s is None and both.a.startup is None  # two pairs of workers: each measurement keeps its own
     assert both.a.block_medians == first.a.block_medians + more.a.block_medians
-    expected = analyse([[m] for m in both.a.block_medians], [[m] for m in both.b.block_medians], 0.01)
-    assert (both.ratio, both.ci_low, both.ci_high, both.verdict) == (
-        expected.ratio, expected.ci_low, expected.ci_high, expected.verdict)
+    runs = [(r.a.block_medians, r.b.block_medians) for r in (first, more)]
+    low, high = pairs_ratio_ci(runs)
+    assert (both.ratio, both.ci_low, both.ci_high, both.verdict) == (pairs_ratio(runs), low, high,
+                                                                     decide(low, high, 0.01))
     with pytest.raises(SidesMismatch):
         confirmation.pooled([first, timed(INCUMBENT, INCUMBENT, [1.0, 1.0], [1.0, 1.0])])
 
