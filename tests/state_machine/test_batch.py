@@ -213,7 +213,7 @@ def test_a_gpu_worker_keeps_glibcs_adaptive_allocator_unless_the_caller_chose(mo
     assert device_env(req) == {"SG_OPT_STATIC_MALLOC": "0"}
     assert fixed_allocator_env(scrubbed_env(device_env(req))) == scrubbed_env(device_env(req))  # nothing fixed
     assert device_env(req.model_copy(update={"device": "cpu"})) == {}
+    monkeypatch.setenv("SG_OPT_STATIC_MALLOC", "1")
     assert "MALLOC_MMAP_THRESHOLD_" in fixed_allocator_env(scrubbed_env(device_env(req.model_copy(
         update={"device": "cpu"}))))
-    monkeypatch.setenv("SG_OPT_STATIC_MALLOC", "1")
     assert device_env(req) == {}
