@@ -90,7 +90,7 @@ from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
-from sg_opt import saved_baseline
+from sg_opt import run_machine, saved_baseline
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRequest, WorkerResult
@@ -555,7 +555,7 @@ def gate_against_baseline(path: str, options: GateOptions, progress: Progress = 
                           ranks: int | None = None) -> GateResult:
     """Side A = the figures saved in ``path``, side B = the saved request run again on the working tree, on
     the saved number of ranks (``ranks``, when given, must be that number)."""
-    start, saved, host = time.monotonic(), saved_baseline.load(path), saved_baseline.host_info()
+    start, saved, host = time.monotonic(), saved_baseline.load(path), run_machine.host_info()
     spec = saved.request
     a_label = f"baseline {Path(path).name} ({saved.created}{', ' + saved.commit[:12] if saved.commit else ''})"
     b_label = _working_tree_label(Path.cwd())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from sg_opt.run_store import write_atomically
 from targets.protocol import ConfigError
 
 MACHINE_FILE = "machine.json"
@@ -77,8 +78,8 @@ def gpu_models() -> list[str]:
                              text=True, timeout=SMI_TIMEOUT_S, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    names = dict(line.split(",", 1) for line in out.strip().splitlines() if "," in line)
-    names = {index.strip(): name.strip() for index, name in names.items()}
+    names = {index.strip(): name.strip() for index, _, name in
+             (line.partition(",") for line in out.strip().splitlines() if "," in line)}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
         return [names[i.strip()] for i in visible.split(",") if i.strip() in names]
@@ -109,9 +110,7 @@ def read(run_dir: Path) -> MachineRecord | None:
 
 
 def _write(run_dir: Path, record: MachineRecord) -> None:
-    tmp = run_dir / f".{MACHINE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(record.model_dump_json(indent=1), encoding="utf-8")
-    os.replace(tmp, run_dir / MACHINE_FILE)
+    write_atomically(run_dir / MACHINE_FILE, record.model_dump_json(indent=1))
 
 
 def record_start(run_dir: Path, device: str) -> None:

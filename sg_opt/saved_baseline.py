@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
-from sg_opt.run_machine import HostInfo, host_info  # noqa: F401 (host_info: the gate reads the host here)
+from sg_opt.run_machine import HostInfo, host_info
 from targets.protocol import ConfigError
 from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, NumericsData, WorkerRequest, WorkerResult

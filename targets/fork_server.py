@@ -209,15 +209,11 @@ def _libc_function(name: str) -> Any:
     return _libc[name]
 
 
-def _prctl_function() -> Any:
-    return _libc_function("prctl")
-
-
 def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
     """Have the kernel send ``signum`` to this process when the thread that started it ends, and exit at once if
     ``parent`` died before that was asked: a worker must not outlive a caller killed by SIGKILL (it kept a hung
     worker and its server, 640 MB, running for minutes). A no-op where prctl is missing."""
-    prctl = _prctl_function()
+    prctl = _libc_function("prctl")
     if prctl is None:
         return
     prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
@@ -251,8 +247,8 @@ def serve(sock: socket.socket, caller: int | None = None) -> None:
     base_path = [p for p in sys.path if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     children: dict[int, int] = {}
     server = os.getpid()
-    _prctl_function()  # before the first fork (die_with_parent, _apply_allocator_env)
-    _libc_function("mallopt")
+    for name in ("prctl", "mallopt"):  # before the first fork (die_with_parent, _apply_allocator_env)
+        _libc_function(name)
     while True:
         readable, _, _ = select.select([sock], [], [], REAP_INTERVAL_S)
         _reap(children)
@@ -447,7 +443,7 @@ def _dies_with_us(signum: int) -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
     parent = os.getpid()
-    _prctl_function()  # looked up here, in the parent
+    _libc_function("prctl")  # looked up here, in the parent
     return lambda: die_with_parent(parent, signum)
 
 

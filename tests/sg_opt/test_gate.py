@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import sg_opt.gate as gate_module
-from sg_opt import gate_report, saved_baseline
+from sg_opt import gate_report, run_machine, saved_baseline
 from sg_opt.cli import app
 from sg_opt.gate import (INCONCLUSIVE_EXIT, MAX_REGRESSION, GateOptions, GateResult, Interleaved, NumericsCheck,
                          StepTimeCheck, holds_a_bound, judge_step_time, outcome, step_verdict, until_clear)
@@ -465,7 +465,7 @@ def test_saved_baseline_passes_unchanged_and_refuses_another_device(repo, tmp_pa
 
 def test_machine_mismatch_names_the_difference():
     env = Environment(device="cuda", device_name="NVIDIA H200", torch="2.13", python="3.11", threads=8)
-    host = saved_baseline.HostInfo(cpu_model="some CPU", cpu_count=8)
+    host = run_machine.HostInfo(cpu_model="some CPU", cpu_count=8)
     record = saved_baseline.SavedBaseline.model_construct(environment=env, host=host)
     assert saved_baseline.machine_mismatch(record, env, host) is None
     assert "device cuda" in saved_baseline.machine_mismatch(record, env.model_copy(update={"device": "cpu"}), host)

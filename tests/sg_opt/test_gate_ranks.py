@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sg_opt import saved_baseline
+from sg_opt import run_machine, saved_baseline
 from sg_opt.cli import app
 from sg_opt.gate import GateResult
 from sg_opt.gate_report import markdown
@@ -44,7 +44,7 @@ def saved_on(ranks: int, path) -> str:
     request = WorkerRequest(target="haste-rec", size="tiny", mode="bench", ranks=ranks)
     record = saved_baseline.SavedBaseline(
         created="2026-11-29T12:00:00+0000", request=request, numerics_steps=3,
-        environment=environment(torch.device("cpu"), ranks), host=saved_baseline.host_info(), step_s=steps,
+        environment=environment(torch.device("cpu"), ranks), host=run_machine.host_info(), step_s=steps,
         block_medians=saved_baseline.block_medians(steps),
         numerics=NumericsData(losses=[1.0, 0.9, 0.8], grad_norms=[{}] * 3, probe={}, digest={}))
     path.write_text(record.model_dump_json())
