@@ -123,8 +123,8 @@ def test_bench_that_hangs_exits_1_saying_where_it_waited():
     result = runner.invoke(app, ["bench", "--target", FAULTY, "--size", "tiny", "--set", "behaviour=hang",
                                  "--timeout", "10"])
     assert result.exit_code == 1
-    assert "(timeout)" in result.output and "where each process waited" in result.output
-    assert "in _misbehave" in result.output and "Traceback" not in result.output
+    assert "(timeout)" in result.output and "where each process waited" in result.output, result.output
+    assert "in _misbehave" in result.output and "Traceback" not in result.output, result.output
 
 
 def test_bench_on_an_extreme_classification_file(tmp_path):
@@ -210,8 +210,8 @@ def test_bench_vs_whose_incumbent_hangs_in_calibration_says_where_it_waited(tmp_
     result = runner.invoke(app, ["bench", "--target", FAULTY, "--size", "tiny", "--set", "behaviour=hang",
                                  "--vs", str(fine), "--timeout", "10", "--blocks", "2"])
     assert result.exit_code == 1
-    assert "the noise floor could not be set (timeout)" in result.output
-    assert "where each process waited" in result.output and "in _misbehave" in result.output
+    assert "the noise floor could not be set (timeout)" in result.output, result.output
+    assert "where each process waited" in result.output and "in _misbehave" in result.output, result.output
 
 
 def _cpu_ticks(pid: int) -> tuple[str, int] | None:
