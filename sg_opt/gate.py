@@ -59,6 +59,10 @@ the budget passes is at most (1 + N) x 2.5% by the union bound (10% at the defau
 the looks share their blocks, and far lower for a slowdown well past the budget. ``--floor`` wider than
 ``--max-regression`` is refused (exit 2): no measurement could then pass.
 
+**A busy machine** (CPU, ``--threads`` not given): before the first run the gate waits for outside load to drop
+and, where a steady load outlasts the wait, times every run on the threads the load leaves, saying so in its
+warnings (``validators.cpu_share``).
+
 **The numerics rule**: the numerics fingerprint (``--numerics-steps`` steps at seed 0) of B must pass
 ``validators.numerics.compare`` against A's under ``--numerics-class`` (default ``reorder``: same math,
 any float association); a non-finite value always fails.
@@ -97,6 +101,7 @@ from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRe
 from validators.ab_stats import decide, floor_from
 from validators.confirmation import pooled
 from validators.machine_load import LoadPolicy
+from validators.cpu_share import share_cpus
 from validators.numerics import NumericsVerdict, compare
 from validators.speedup import ABResult, CalibrationFailed, NoiseFloor, calibrate_noise_floor, measure_ab
 
@@ -398,12 +403,12 @@ class Interleaved:
     each kind pooled over its runs once there are several, so that it can be extended while inconclusive."""
 
     def __init__(self, spec: WorkerRequest, roots: tuple[str, None], labels: tuple[str, str], options: GateOptions,
-                 progress: Progress):
+                 progress: Progress, load_policy: LoadPolicy | None = None):
         self.spec, self.roots, self.labels, self.options, self.progress = spec, roots, labels, options, progress
         self.aa: list[ABResult] = []
         self.floor, self.floor_source = options.floor or 0.0, "given with --floor"
         self.runs: list[ABResult] = []
-        self.load_policy: LoadPolicy | None = None  # None: measure_ab's own (see _note_load)
+        self.load_policy = load_policy  # None: measure_ab's own (see _note_load)
         if options.floor is None:
             self._calibrate(options.aa_runs)
 
@@ -526,10 +531,11 @@ def gate_against_tree(spec: WorkerRequest, root: Path, options: GateOptions, pro
         raise GateSetupError(f"the target does not run at {a_label} ({numerics_a.failure.kind}): "
                              f"{numerics_a.failure.message}")
     numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
-    measurement = Interleaved(spec, roots, (a_label, b_label), options, progress)
+    share = share_cpus(spec, progress=progress)  # a steady neighbour's CPUs left to it (validators.cpu_share)
+    measurement = Interleaved(share.spec, roots, (a_label, b_label), options, progress, load_policy=share.policy)
     measurement.measure(options.ab_runs)
     step = until_clear(measurement.judge, _extension(numerics, measurement.extend), options, progress)
-    return _result("ref", spec, a_label, b_label, step, numerics, [], start, options,
+    return _result("ref", spec, a_label, b_label, step, numerics, [share.note] if share.note else [], start, options,
                    environment=numerics_b.environment, ab=measurement.result)
 
 
