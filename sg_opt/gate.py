@@ -33,9 +33,9 @@ rule before this one passed a slowdown beyond m that was not clear of the floor,
 slowdown passed against a floor of 15.9%, and a 52% one against 62.7%.
 
 **Pairs of workers are the units.** Two identical workers differ by an offset of their own that lasts as long
-as they do. Its largest cause can be removed where it arises (how many of a step's pages glibc hands back and
-faults in again depended on each process's history; ``SG_OPT_STATIC_MALLOC=1`` runs workers with fixed
-thresholds, ``targets.fork_server.fixed_allocator_env``, off by default for now), but what is left still makes the blocks of one run no
+as they do. Its largest cause is removed where it arises (how many of a step's pages glibc hands back and
+faults in again depended on each process's history; workers now run with fixed thresholds,
+``targets.fork_server.fixed_allocator_env``), but what is left still makes the blocks of one run no
 independent draws of the ratio. Several runs (A/A or A/B) are therefore combined by
 ``validators.confirmation.pooled``: the geometric mean of each run's ratio, and a two-level bootstrap interval
 (runs drawn, then each drawn run's block pairs), which carries the spread between pairs of workers and narrows

@@ -15,8 +15,9 @@ imports called cuInit refuses to serve; merely mapping the driver, as torch's CU
 and is started again whenever the caller's environment changes in anything but the per-worker variables, as torch reads some of it at
 import. Exit statuses come back through one pipe per child, written by the server when it reaps it.
 
-With ``SG_OPT_STATIC_MALLOC=1`` every worker, forked or not, runs glibc's allocator with its thresholds fixed
-(``STATIC_MALLOC``): see ``fixed_allocator_env``. Off by default, glibc's own.
+Every CPU worker, forked or not, runs glibc's allocator with its thresholds fixed (``STATIC_MALLOC``): see
+``fixed_allocator_env``. ``SG_OPT_STATIC_MALLOC=0`` leaves them to glibc, as a GPU worker's request does
+(``targets.worker_protocol.device_env``).
 
 ``SG_OPT_FORK_SERVER=0`` starts every worker as a plain subprocess; so does any failure of the server.
 This file is also the server's program (``python fork_server.py FD``), which is why it imports nothing
@@ -134,9 +135,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]
 
 
 def fixed_allocator_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with glibc's mmap and trim thresholds fixed at 128 KiB where ``MALLOC_SWITCH`` is 1 (off by
-    default: with it on, two hung-worker tests of tests/test_cli.py failed in every full `make test`, though they
-    pass alone), unless it sets them.
+    """``env`` with glibc's mmap and trim thresholds fixed at 128 KiB, unless it sets them or ``MALLOC_SWITCH`` is 0.
 
     Left alone, glibc raises both thresholds as a process frees large blocks, so how many of a step's pages are
     freed to the kernel and fault in again depends on the process's history: at `tiny` on the 2-core VM
@@ -146,7 +145,7 @@ def fixed_allocator_env(env: dict[str, str]) -> dict[str, str]:
     process alike: 2.6-3.2% and 0.5%. Nothing a step allocates is spared its cost (a fixed threshold only charges
     more of it: the step took 19.3 ms there, against 14.5 ms with glibc's moving ones), so a change cannot hide
     an allocation; a change that allocates less saves somewhat more than a default process would."""
-    if env.get(MALLOC_SWITCH, "0") not in ("1", "true", "yes", "on"):
+    if env.get(MALLOC_SWITCH, "1") in ("0", "false", "no", "off"):
         return env
     return {**{name: str(value) for name, value in STATIC_MALLOC.items()}, **env}
 

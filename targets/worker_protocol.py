@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from targets.confinement import Confinement
+from targets.fork_server import MALLOC_SWITCH
 
 WORKER_SCHEMA_VERSION = 1
 
@@ -141,10 +142,16 @@ class WorkerResult(RunResult):
 
 def device_env(request: BaseModel) -> dict[str, str]:
     """CUDA_VISIBLE_DEVICES for a worker that may use only some GPUs (a request's ``gpus``: indices into the
-    caller's own visible devices, so that a caller restricted to GPUs 2,3 hands out 2 and 3)."""
+    caller's own visible devices, so that a caller restricted to GPUs 2,3 hands out 2 and 3); and, for a GPU
+    worker, glibc's own adaptive allocator unless the caller chose (``targets.fork_server.fixed_allocator_env``
+    fixes its thresholds for CPU workers, whose per-process page faults set the A/A offsets; a host-bound GPU step
+    would pay faults its training job does not, and the GPU figures were measured without it)."""
+    env = {}
+    if str(getattr(request, "device", "cpu")).startswith("cuda") and MALLOC_SWITCH not in os.environ:
+        env[MALLOC_SWITCH] = "0"
     gpus = getattr(request, "gpus", None)
     if gpus is None:
-        return {}
+        return env
     parent = os.environ.get("CUDA_VISIBLE_DEVICES")
     visible = parent.split(",") if parent else []
-    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[i] if i < len(visible) else str(i) for i in gpus)}
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(visible[i] if i < len(visible) else str(i) for i in gpus)}

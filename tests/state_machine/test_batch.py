@@ -20,7 +20,8 @@ from state_machine.context import ProposerPolicy, RunContext
 from state_machine.lanes import plan_lanes
 from state_machine.state import Baseline, Candidate, Incumbent, Limits, RunState, Verdict, rejected
 from targets.registry import resolve_target
-from targets.worker_client import device_env
+from targets.fork_server import fixed_allocator_env
+from targets.worker_client import device_env, scrubbed_env
 from targets.worker_protocol import WorkerRequest
 from validators.speedup import ABResult, NoiseFloor
 
@@ -202,3 +203,17 @@ def test_a_run_killed_inside_a_batch_resumes_it_without_losing_a_decision(tmp_pa
     batches = [json.loads(line)["ids"] for line in (tmp_path / "events.jsonl").read_text().splitlines()
                if json.loads(line)["event"] == "batch"]
     assert batches == [[1, 2], [3, 4], [3, 4]]  # the killed batch, and only it, ran again
+
+
+def test_a_gpu_worker_keeps_glibcs_adaptive_allocator_unless_the_caller_chose(monkeypatch):
+    """Fixed allocator thresholds are for CPU workers (their A/A offsets); a GPU worker is timed as a training job
+    runs, unless the caller set the switch itself."""
+    req = WorkerRequest(target="t", size="s", mode="bench", device="cuda")
+    monkeypatch.delenv("SG_OPT_STATIC_MALLOC", raising=False)
+    assert device_env(req) == {"SG_OPT_STATIC_MALLOC": "0"}
+    assert fixed_allocator_env(scrubbed_env(device_env(req))) == scrubbed_env(device_env(req))  # nothing fixed
+    assert device_env(req.model_copy(update={"device": "cpu"})) == {}
+    assert "MALLOC_MMAP_THRESHOLD_" in fixed_allocator_env(scrubbed_env(device_env(req.model_copy(
+        update={"device": "cpu"}))))
+    monkeypatch.setenv("SG_OPT_STATIC_MALLOC", "1")
+    assert device_env(req) == {}
