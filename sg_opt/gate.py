@@ -49,7 +49,9 @@ runs, in fresh workers,
 * where the floor is wider than m and was calibrated (not ``--floor``), one more A/A run of A; the floor is
   then the bias plus half-width of the interval over every A/A run so far (``pooled``), at least
   ``MIN_FLOOR``: more pairs of workers, a narrower interval and a bias that averages their offsets out;
-* where the A/B interval holds 1 + m, one more A/B run, pooled with the earlier ones (``pooled``);
+* where the A/B interval holds 1 + m, ``--ab-runs`` more A/B runs (as many pairs of workers as the first look
+  had), pooled with the earlier ones (``pooled``): the interval narrows as pairs accrue, and beside a one-core
+  busy loop one more pair a look left a no-op's interval at [0.966, 1.068] after three looks;
 * ``--baseline``: one more run of the working tree (the saved side cannot grow, and the unpaired floor,
   2% + the spreads of both sides, does not narrow with runs: a floor wider than m there stays inconclusive).
 
@@ -467,7 +469,7 @@ class Interleaved:
         if wide and self.aa:
             self._calibrate(1)
         if holds:
-            self.measure()
+            self.measure(self.options.ab_runs)
         return None
 
     @property

@@ -165,17 +165,17 @@ def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_unt
     """A/A runs of 6 blocks with 6% noise a block set a floor over 5%; more A/A and A/B runs, pooled (each pair of
     workers a unit), narrow the floor and the interval until identical code passes."""
     aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(6)]
-    ab = [measured(*noisy(100 + seed, sigma=0.03)) for seed in range(4)]
+    ab = [measured(*noisy(100 + seed, sigma=0.03)) for seed in range(8)]
     calls = canned(monkeypatch, list(aa), list(ab))
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
     measurement.measure()
     assert measurement.floor > MAX_REGRESSION  # the first floor: two short A/A runs, pooled
     check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
     assert check.verdict == "pass" and 1 <= check.extensions <= 3, check.message
-    assert calls["ab"] == 1 + check.extensions and 2 < calls["aa"] <= 2 + check.extensions
+    assert calls["ab"] == 1 + 2 * check.extensions and 2 < calls["aa"] <= 2 + check.extensions  # --ab-runs a look
     pooled_aa = pooled(aa[:calls["aa"]])
     assert check.floor == floor_from([(pooled_aa.ratio, pooled_aa.ci_low, pooled_aa.ci_high)]) <= MAX_REGRESSION
-    assert "pooled" in check.floor_source and measurement.result.pools == 1 + check.extensions
+    assert "pooled" in check.floor_source and measurement.result.pools == calls["ab"]
     assert measurement.result.floor == check.floor
 
 
@@ -199,7 +199,8 @@ def test_one_pair_of_workers_offset_from_the_others_is_no_regression_once_pairs_
     every run's blocks pooled as one pair's, that reads as a regression; with the gate's first two A/B runs, each
     pair of workers a unit, it does not."""
     aa = [offset_run(seed, offset) for seed, offset in enumerate((1.03, 0.98, 1.0))]
-    ab = [offset_run(100 + seed, offset) for seed, offset in enumerate((1.09, 1.0, 1.03, 0.99, 1.01))]
+    ab = [offset_run(100 + seed, offset) for seed, offset in
+          enumerate((1.09, 1.0, 1.03, 0.99, 1.01, 0.98, 1.02, 1.0, 0.99))]
     calls = canned(monkeypatch, list(aa), list(ab))
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(), lambda _: None)
     assert step_verdict(ab[0].ci_low, ab[0].ci_high, measurement.floor, MAX_REGRESSION) == "regression"
