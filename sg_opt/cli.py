@@ -364,7 +364,7 @@ def gate(
                                                               "the runs' spread with --baseline)"),
     aa_runs: int = typer.Option(3, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
     ab_runs: int = typer.Option(2, "--ab-runs", min=1, help="--ref: A/B runs, each in fresh workers, before the "
-                                                            "first verdict"),
+                                                            "first verdict, and again at each extension"),
     max_extensions: int = typer.Option(3, "--max-extensions", min=0, help="while the step time is inconclusive, "
                                                                           "measure more (fresh workers, blocks "
                                                                           "pooled) at most this many times"),
