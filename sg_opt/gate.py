@@ -90,7 +90,7 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
@@ -455,7 +455,7 @@ class Interleaved:
         ten runs took over 12 minutes."""
         load = run.load
         if load is not None and load.outside_before is not None and load.outside_before > load.limit_cpus:
-            self.load_policy = LoadPolicy(wait_s=0.0)
+            self.load_policy = replace(self.load_policy or LoadPolicy(), wait_s=0.0)  # its limits kept
 
     def extend(self, check: StepTimeCheck) -> str | None:
         """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why

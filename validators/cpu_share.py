@@ -4,8 +4,8 @@ A CPU worker left to torch's default runs one intra-op thread per allowed CPU, a
 its slowest thread. Beside a steady neighbour (a busy loop, another job) three runnable threads share two
 CPUs, a preempted thread stalls the whole op, and block medians spread: beside a one-core busy loop on the
 2-core VM (2026-12-06) the gate's A/A noise floor at `tiny` reached 10.0% after three extensions, twice its 5%
-budget, and it could tell neither a no-op nor a 15% slowdown. On the CPUs the neighbour leaves, the blocks are
-as steady as on a quiet machine.
+budget, and it could tell neither a no-op nor a 15% slowdown. On the CPU the loop left (one thread), ten gates
+failed a 15% slowdown ten times and passed a no-op eight times (two inconclusive), with floors of 2.0-6.3%.
 
 So before the first timed block, a measurement whose request leaves the thread count open waits for the
 outside load to drop (``validators.machine_load.wait_for_quiet``) and, where a steady load outlasts the wait,
@@ -17,7 +17,7 @@ left as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from targets.worker_client import allowed_cpus
@@ -51,7 +51,7 @@ def share_cpus(spec: WorkerRequest, policy: LoadPolicy | None = None, progress: 
     outside, _, waited = wait_for_quiet(LoadMeter(cpus, {}), [], policy)
     if outside is None or outside <= policy.limit_cpus:
         return CpuShare(spec, policy, None)
-    later = LoadPolicy(limit_cpus=policy.limit_cpus, wait_s=0.0, sample_s=policy.sample_s, reruns=policy.reruns)
+    later = replace(policy, wait_s=0.0)
     threads = threads_left(len(cpus), outside)
     busy = f"other work kept {outside:.2f} of the {len(cpus)} CPUs busy after a wait of {waited:.0f} s ({who()})"
     if threads >= len(cpus):
