@@ -362,7 +362,8 @@ def gate(
     warmup: int = typer.Option(5, min=0, help="--ref: untimed steps first"),
     floor: Optional[float] = typer.Option(None, min=0.0, help="noise floor (default: A/A calibration with --ref, "
                                                               "the runs' spread with --baseline)"),
-    aa_runs: int = typer.Option(3, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor"),
+    aa_runs: int = typer.Option(3, "--aa-runs", min=1, help="--ref: A/A runs that calibrate the noise floor, and "
+                                                            "again at each extension while it is too wide"),
     ab_runs: int = typer.Option(2, "--ab-runs", min=1, help="--ref: A/B runs, each in fresh workers, before the "
                                                             "first verdict, and again at each extension"),
     max_extensions: int = typer.Option(3, "--max-extensions", min=0, help="while the step time is inconclusive, "

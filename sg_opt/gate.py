@@ -467,7 +467,7 @@ class Interleaved:
         if wide and not self.aa and not holds:
             return "the floor was given with --floor and is wider than the allowed regression"
         if wide and self.aa:
-            self._calibrate(1)
+            self._calibrate(self.options.aa_runs)  # as many pairs of workers as the first floor had
         if holds:
             self.measure(self.options.ab_runs)
         return None

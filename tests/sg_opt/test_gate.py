@@ -164,7 +164,7 @@ def noisy(seed: int, truth: float = 1.0, sigma: float = 0.04, blocks: int = 6) -
 def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_until_it_is_clear(monkeypatch):
     """A/A runs of 6 blocks with 6% noise a block set a floor over 5%; more A/A and A/B runs, pooled (each pair of
     workers a unit), narrow the floor and the interval until identical code passes."""
-    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(6)]
+    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(8)]
     ab = [measured(*noisy(100 + seed, sigma=0.03)) for seed in range(8)]
     calls = canned(monkeypatch, list(aa), list(ab))
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
@@ -172,7 +172,8 @@ def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_unt
     assert measurement.floor > MAX_REGRESSION  # the first floor: two short A/A runs, pooled
     check = until_clear(measurement.judge, measurement.extend, GateOptions(), lambda _: None)
     assert check.verdict == "pass" and 1 <= check.extensions <= 3, check.message
-    assert calls["ab"] == 1 + 2 * check.extensions and 2 < calls["aa"] <= 2 + check.extensions  # --ab-runs a look
+    assert calls["ab"] == 1 + 2 * check.extensions  # --ab-runs a look
+    assert 2 < calls["aa"] <= 2 + 2 * check.extensions and calls["aa"] % 2 == 0  # --aa-runs where the floor is wide
     pooled_aa = pooled(aa[:calls["aa"]])
     assert check.floor == floor_from([(pooled_aa.ratio, pooled_aa.ci_low, pooled_aa.ci_high)]) <= MAX_REGRESSION
     assert "pooled" in check.floor_source and measurement.result.pools == calls["ab"]
@@ -180,7 +181,7 @@ def test_a_wide_floor_is_calibrated_again_on_pooled_blocks_and_the_ab_pooled_unt
 
 
 def test_a_clear_interval_under_a_wide_floor_extends_the_floor_only(monkeypatch):
-    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(2)] + [measured([0.01] * 6, [0.01] * 6)] * 3
+    aa = [measured(*noisy(seed, sigma=0.06)) for seed in range(2)] + [measured([0.01] * 6, [0.01] * 6)] * 6
     same = [0.01, 0.0101, 0.0099, 0.01, 0.0101, 0.0099]
     calls = canned(monkeypatch, aa, [measured(same, same)])
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(aa_runs=2), lambda _: None)
