@@ -389,7 +389,9 @@ def gate(
     Example: sg-opt gate --target haste-rec --size tiny --ref origin/main --junit gate.xml
     Example: sg-opt gate --baseline base.json --ranks 2
     """
-    from sg_opt.gate import GateOptions, gate_against_baseline, gate_against_ref, gate_against_tree
+    from sg_opt.gate import GateOptions
+    from sg_opt.gate_baseline import gate_against_baseline
+    from sg_opt.gate_side_by_side import gate_against_ref, gate_against_tree
     from sg_opt.gate_report import render, write_reports
     from targets.worker_protocol import WorkerRequest
 

@@ -1,5 +1,8 @@
 """`sg-opt gate`: fail a CI job when a change makes training slower or changes what it computes.
 
+This module holds the rules, the options and the result; the modes are ``sg_opt.gate_side_by_side`` (``--ref``,
+``--ref-tree``) and ``sg_opt.gate_baseline`` (``--baseline``), the ``--ref`` checkout ``sg_opt.gate_checkout``.
+
 Two ways to get the "before" side:
 
 * ``--ref REV`` (preferred): the code at REV is checked out with ``git worktree add --detach`` into a
@@ -46,9 +49,10 @@ verdict already rests on ``--ab-runs`` pairs (default 2), so that no single pair
 **Measuring more** (``--max-extensions N``, default 3): while the step time is inconclusive, each extension
 runs, in fresh workers,
 
-* where the floor is wider than m and was calibrated (not ``--floor``), one more A/A run of A; the floor is
-  then the bias plus half-width of the interval over every A/A run so far (``pooled``), at least
-  ``MIN_FLOOR``: more pairs of workers, a narrower interval and a bias that averages their offsets out;
+* where the floor is wider than m and was calibrated (not ``--floor``), ``--aa-runs`` more A/A runs of A (as
+  many pairs of workers as the first floor had); the floor is then the bias plus half-width of the interval
+  over every A/A run so far (``pooled``), at least ``MIN_FLOOR``: more pairs of workers, a narrower interval
+  and a bias that averages their offsets out;
 * where the A/B interval holds 1 + m, ``--ab-runs`` more A/B runs (as many pairs of workers as the first look
   had), pooled with the earlier ones (``pooled``): the interval narrows as pairs accrue, and beside a one-core
   busy loop one more pair a look left a no-op's interval at [0.966, 1.068] after three looks;
@@ -82,30 +86,18 @@ skipped, not failed).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import shutil
-import statistics
-import subprocess
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from sg_opt import run_machine, saved_baseline
+from sg_opt import saved_baseline
 from targets.protocol import ConfigError
-from targets.worker_client import run_worker
 from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRequest, WorkerResult
-from validators.ab_stats import decide, floor_from
-from validators.confirmation import pooled
-from validators.machine_load import LoadPolicy
-from validators.cpu_share import share_cpus
 from validators.numerics import NumericsVerdict, compare
-from validators.speedup import ABResult, CalibrationFailed, NoiseFloor, calibrate_noise_floor, measure_ab
+from validators.speedup import ABResult
 
 GATE_SCHEMA_VERSION = 2  # 2: verdicts of three values, the outcome, and the extensions made
 MAX_REGRESSION = 0.05
@@ -276,7 +268,7 @@ def _failed_check(failure: Failure, what: str) -> str:
     return f"the working tree's {what} failed ({failure.kind}): {failure.message}"
 
 
-def _failed_timing(failure: Failure, floor: float, floor_source: str, options: GateOptions) -> StepTimeCheck:
+def failed_timing(failure: Failure, floor: float, floor_source: str, options: GateOptions) -> StepTimeCheck:
     return StepTimeCheck(verdict="failed", passed=False, floor=floor, floor_source=floor_source, failure=failure,
                          max_regression=options.max_regression, message=_failed_check(failure, "timed run"))
 
@@ -301,8 +293,10 @@ def inconclusive_warning(step: StepTimeCheck, allowed: bool) -> str:
             f"or a quieter machine, may settle it, and --allow-inconclusive lets it pass")
 
 
-def _result(mode: str, spec: WorkerRequest, a_label: str, b_label: str, step: StepTimeCheck, numerics: NumericsCheck,
-            warnings: list[str], start: float, options: GateOptions, **extra: Any) -> GateResult:
+def gate_result(mode: str, spec: WorkerRequest, a_label: str, b_label: str, step: StepTimeCheck,
+                numerics: NumericsCheck, warnings: list[str], start: float, options: GateOptions,
+                **extra: Any) -> GateResult:
+    """Both checks, the outcome and exit code, and the warnings that go with them: what every mode returns."""
     verdict, code = outcome(step, numerics, options)
     if step.verdict == "inconclusive":
         warnings = [inconclusive_warning(step, options.allow_inconclusive), *warnings]
@@ -313,300 +307,14 @@ def _result(mode: str, spec: WorkerRequest, a_label: str, b_label: str, step: St
                       warnings=warnings, wall_s=time.monotonic() - start, **extra)
 
 
-# -- git -------------------------------------------------------------------------------------------
-
-def _git(repo: Path | str, *args: str) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
-        raise GateSetupError("git is not installed here, and --ref needs it (or use --baseline FILE)") from None
-
-
-def resolve_ref(rev: str, where: Path) -> tuple[Path, str]:
-    """(repository top level, full commit id of ``rev``); GateSetupError if either cannot be found."""
-    top = _git(where, "rev-parse", "--show-toplevel")
-    if top.returncode != 0:
-        raise GateSetupError(f"{where} is not inside a git repository, so --ref {rev} has nothing to check out "
-                             f"(use --baseline FILE)")
-    commit = _git(where, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    if commit.returncode != 0 or not commit.stdout.strip():
-        raise GateSetupError(f"--ref {rev!r} is not a commit of the repository at {top.stdout.strip()}")
-    return Path(top.stdout.strip()).resolve(), commit.stdout.strip()
-
-
-CHECKOUT_PREFIX = "sg-opt-gate-"  # ref_checkout's folders: <tmp>/sg-opt-gate-XXXX/ref, with the owner's lock
-OWNER_LOCK = "owner.lock"
-
-
-def _owner_gone(folder: Path) -> bool:
-    """Whether the gate that made ``folder`` has ended: its lock is free (the kernel drops a killed process's
-    locks) or was never taken. A running gate, in this repository or another, keeps its lock."""
-    try:
-        with open(folder / OWNER_LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:  # no folder or no lock: nothing runs there
-        return True
-    return True
-
-
-def prune_left_behind(repo: Path) -> list[Path]:
-    """Remove the worktrees of gates killed before their cleanup (SIGKILL, a lost machine): git keeps them
-    registered, and ``git worktree prune`` alone never drops one whose folder is still there. Returns them."""
-    listed = _git(repo, "worktree", "list", "--porcelain")
-    removed = []
-    for line in listed.stdout.splitlines() if listed.returncode == 0 else ():
-        tree = Path(line.removeprefix("worktree "))
-        if (line.startswith("worktree ") and tree.name == "ref" and tree.parent.name.startswith(CHECKOUT_PREFIX)
-                and _owner_gone(tree.parent)):
-            _git(repo, "worktree", "remove", "--force", str(tree))
-            shutil.rmtree(tree.parent, ignore_errors=True)
-            removed.append(tree)
-    _git(repo, "worktree", "prune")
-    return removed
-
-
-@contextlib.contextmanager
-def ref_checkout(repo: Path, commit: str) -> Iterator[Path]:
-    """A detached worktree of ``commit`` in a temporary folder, removed (and pruned) on the way out; those that
-    killed gates left behind are removed first. The folder's lock, held while it is used, tells them apart."""
-    prune_left_behind(repo)
-    folder = Path(tempfile.mkdtemp(prefix=CHECKOUT_PREFIX))
-    tree = folder / "ref"
-    lock = open(folder / OWNER_LOCK, "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-        added = _git(repo, "worktree", "add", "--detach", str(tree), commit)
-        if added.returncode != 0:
-            why = (added.stderr.strip().splitlines() or ["no reason given"])[-1]
-            raise GateSetupError(f"git could not check out {commit[:12]}: {why}")
-        yield tree
-    finally:
-        _git(repo, "worktree", "remove", "--force", str(tree))
-        shutil.rmtree(folder, ignore_errors=True)
-        _git(repo, "worktree", "prune")
-        lock.close()
-
-
-# -- the two modes ---------------------------------------------------------------------------------
-
-def _numerics_pair(spec: WorkerRequest, steps: int, roots: tuple[str | None, str | None],
-                   timeout_s: float) -> tuple[WorkerResult, WorkerResult]:
-    """Both sides' fingerprints at once (no timing is taken while they run)."""
-    request = saved_baseline.numerics_request(spec, steps)
-    with ThreadPoolExecutor(2) as pool:
-        a, b = (pool.submit(run_worker, request, timeout_s, None, root) for root in roots)
-        return a.result(), b.result()
-
-
-class Interleaved:
-    """The --ref measurement so far: the A/A runs of A that set the floor (none with --floor) and the A/B runs,
-    each kind pooled over its runs once there are several, so that it can be extended while inconclusive."""
-
-    def __init__(self, spec: WorkerRequest, roots: tuple[str, None], labels: tuple[str, str], options: GateOptions,
-                 progress: Progress, load_policy: LoadPolicy | None = None):
-        self.spec, self.roots, self.labels, self.options, self.progress = spec, roots, labels, options, progress
-        self.aa: list[ABResult] = []
-        self.floor, self.floor_source = options.floor or 0.0, "given with --floor"
-        self.runs: list[ABResult] = []
-        self.load_policy = load_policy  # None: measure_ab's own (see _note_load)
-        if options.floor is None:
-            self._calibrate(options.aa_runs)
-
-    def _calibrate(self, runs: int) -> None:
-        """``runs`` more A/A runs of A; the floor from all of them, pooled (each pair of workers a unit)."""
-        o, a_label = self.options, self.labels[0]
-        self.progress(f"calibrating the noise floor: {runs} A/A run(s) of {a_label} ...")
-        try:
-            noise = calibrate_noise_floor(self.spec, o.blocks, o.block_steps, o.timeout_s, runs, seed=len(self.aa),
-                                          block_seconds=o.block_seconds, root=self.roots[0],
-                                          on_run=self._note_load, load_policy=self.load_policy)
-        except CalibrationFailed as exc:
-            raise GateSetupError(f"the target cannot be timed at {a_label}: {exc}") from None
-        self.aa += noise.runs
-        if len(self.aa) == 1:
-            self.floor, self.floor_source = noise.floor, f"1 interleaved A/A run of {a_label}"
-            return
-        aa = pooled(self.aa)
-        self.floor = floor_from([(aa.ratio, aa.ci_low, aa.ci_high)])
-        self.floor_source = (f"{len(self.aa)} interleaved A/A runs of {a_label}, pooled (each pair of workers a "
-                             f"unit; {aa.blocks} block pairs)")
-
-    def measure(self, runs: int = 1) -> None:
-        """``runs`` more A/B runs, each in fresh workers (fewer if one fails)."""
-        o = self.options
-        for _ in range(runs):
-            self.progress(f"timing {self.labels[0]} and the working tree, interleaved ...")
-            run = measure_ab(self.spec, self.spec, o.blocks, o.block_steps, o.timeout_s, *self.labels,
-                             block_seconds=o.block_seconds, floor=self.floor, seed=len(self.runs), roots=self.roots,
-                             load_policy=self.load_policy)
-            self._note_load(run)
-            # a clean run replaces the ones the machine's other work tainted (uneven outside load, no lock)
-            self.runs = [r for r in self.runs if r.clean or not run.clean] + [run]
-            if run.failure is not None:
-                return
-
-    def _note_load(self, run: ABResult) -> None:
-        """Once a run has waited out its whole wait for outside load to drop and still found it, the gate's later
-        runs start at once: a load that outlasts the wait is steady, and steady load both blocks of a pair see
-        cancels in its ratio, while uneven blocks are still run again (``validators.speedup``, "Outside load").
-        Beside a one-core busy loop every run of a gate at `tiny` on the 2-core VM waited its 60 s, and a gate of
-        ten runs took over 12 minutes."""
-        load = run.load
-        if load is not None and load.outside_before is not None and load.outside_before > load.limit_cpus:
-            self.load_policy = replace(self.load_policy or LoadPolicy(), wait_s=0.0)  # its limits kept
-
-    def extend(self, check: StepTimeCheck) -> str | None:
-        """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why
-        neither can help."""
-        if self.runs[-1].failure is None and not self.result.clean:
-            self.measure()
-            return None
-        wide, holds = self.floor > self.options.max_regression, holds_a_bound(check)
-        if wide and not self.aa and not holds:
-            return "the floor was given with --floor and is wider than the allowed regression"
-        if wide and self.aa:
-            self._calibrate(self.options.aa_runs)  # as many pairs of workers as the first floor had
-        if holds:
-            self.measure(self.options.ab_runs)
-        return None
-
-    @property
-    def result(self) -> ABResult:
-        """The last run if it failed, else all the A/B runs pooled, against the current floor."""
-        last = self.runs[-1]
-        if last.failure is not None:
-            return last
-        if len(self.runs) == 1:
-            return last.model_copy(update={"floor": self.floor, "verdict": decide(last.ci_low, last.ci_high,
-                                                                                   self.floor)})
-        return pooled([self.runs[0].model_copy(update={"floor": self.floor}), *self.runs[1:]])
-
-    def judge(self) -> StepTimeCheck:
-        ab = self.result
-        if ab.failure is None:
-            check = judge_step_time(ab.ratio, ab.ci_low, ab.ci_high, self.floor, self.floor_source,
-                                    self.options.max_regression, ab.step_ms("a"), ab.step_ms("b"))
-            if ab.clean:
-                return check
-            return check.model_copy(update={"verdict": "inconclusive", "passed": False, "message": (
-                f"not judged: the machine's other work tainted the measurement ({ab.load_note()}); {check.message}")})
-        if ab.failure.message.startswith(f"{self.labels[0]}:"):
-            raise GateSetupError(f"the target cannot be timed at {self.labels[0]}: {ab.failure.message}")
-        return _failed_timing(ab.failure, self.floor, self.floor_source, self.options)
-
-
-def _extension(numerics: NumericsCheck, extend: Callable[[StepTimeCheck], str | None]
-               ) -> Callable[[StepTimeCheck], str | None]:
+def unless_numerics_failed(numerics: NumericsCheck, extend: Callable[[StepTimeCheck], str | None]
+                           ) -> Callable[[StepTimeCheck], str | None]:
     """``extend``, unless the numerics fail the gate already: then more timing would change nothing."""
     return extend if numerics.passed else lambda _: "the numerics check fails the gate already"
 
 
-def gate_against_ref(spec: WorkerRequest, rev: str, options: GateOptions, progress: Progress = lambda _: None,
-                     where: Path | None = None) -> GateResult:
-    """Side A = ``rev`` checked out apart, side B = the working tree ``where`` (default: the current folder)."""
-    here = (where or Path.cwd()).resolve()
-    repo, commit = resolve_ref(rev, here)
-    a_label = f"{rev} ({commit[:12]})" if not commit.startswith(rev) else commit[:12]
-    with ref_checkout(repo, commit) as tree:
-        root = tree / here.relative_to(repo)
-        if not root.is_dir():
-            raise GateSetupError(f"the folder {here.relative_to(repo)} does not exist at {rev}")
-        return gate_against_tree(spec, root, options, progress, where=here, a_label=a_label)
-
-
-def gate_against_tree(spec: WorkerRequest, root: Path, options: GateOptions, progress: Progress = lambda _: None,
-                      where: Path | None = None, a_label: str | None = None) -> GateResult:
-    """Side A = the code tree at ``root`` (a checkout of the base made by the caller, e.g. a CI job's second
-    checkout, or ``--ref``'s worktree), side B = the working tree ``where``: numerics fingerprints of both, an A/A
-    noise floor on A, then both timed interleaved."""
-    start, here = time.monotonic(), (where or Path.cwd()).resolve()
-    root = Path(root).resolve()
-    if not root.is_dir():
-        raise GateSetupError(f"--ref-tree {root} is not a folder")
-    a_label, b_label = a_label or str(root), _working_tree_label(here)
-    roots = (str(root), None)
-    progress(f"numerics fingerprints of {a_label} and the working tree ...")
-    numerics_a, numerics_b = _numerics_pair(spec, options.numerics_steps, roots, options.timeout_s)
-    if not numerics_a.ok:
-        raise GateSetupError(f"the target does not run at {a_label} ({numerics_a.failure.kind}): "
-                             f"{numerics_a.failure.message}")
-    numerics = judge_numerics(numerics_a.numerics, numerics_b, options, options.numerics_steps)
-    share = share_cpus(spec, progress=progress)  # a steady neighbour's CPUs left to it (validators.cpu_share)
-    measurement = Interleaved(share.spec, roots, (a_label, b_label), options, progress, load_policy=share.policy)
-    measurement.measure(options.ab_runs)
-    step = until_clear(measurement.judge, _extension(numerics, measurement.extend), options, progress)
-    return _result("ref", spec, a_label, b_label, step, numerics, [share.note] if share.note else [], start, options,
-                   environment=numerics_b.environment, ab=measurement.result)
-
-
-def _unpaired_step_time(saved: saved_baseline.SavedBaseline, runs: list[WorkerResult],
-                        options: GateOptions) -> StepTimeCheck:
-    """The working tree's runs so far against the saved ones; failed when the last of them failed."""
-    floor = options.floor
-    if not runs[-1].ok:
-        return _failed_timing(runs[-1].failure, floor or 0.0, "none: the run failed", options)
-    current_s = [run.bench.step_s for run in runs]
-    if floor is None:
-        floor = saved_baseline.unpaired_floor(saved.block_medians, saved_baseline.block_medians(current_s))
-        source = (f"unpaired: {saved_baseline.UNPAIRED_MIN_FLOOR:.0%} + the spreads of the block medians of "
-                  f"{len(saved.step_s)} saved and {len(current_s)} new runs")
-    else:
-        source = "given with --floor"
-    ratio, low, high = saved_baseline.unpaired_ratio(saved.step_s, current_s)
-    medians = [1e3 * statistics.median(s for run in side for s in run) for side in (saved.step_s, current_s)]
-    return judge_step_time(ratio, low, high, floor, source, options.max_regression, *medians)
-
-
-def gate_against_baseline(path: str, options: GateOptions, progress: Progress = lambda _: None,
-                          ranks: int | None = None) -> GateResult:
-    """Side A = the figures saved in ``path``, side B = the saved request run again on the working tree, on
-    the saved number of ranks (``ranks``, when given, must be that number)."""
-    start, saved, host = time.monotonic(), saved_baseline.load(path), run_machine.host_info()
-    spec = saved.request
-    a_label = f"baseline {Path(path).name} ({saved.created}{', ' + saved.commit[:12] if saved.commit else ''})"
-    b_label = _working_tree_label(Path.cwd())
-    for mismatch in (saved_baseline.ranks_mismatch(saved, ranks),
-                     saved_baseline.machine_mismatch(saved, _this_cpu(saved), host)):
-        if mismatch:
-            raise GateSetupError(mismatch)
-    progress(f"timing the working tree ({len(saved.step_s)} runs of {spec.steps} steps, as saved) ...")
-    runs = saved_baseline.more_runs(spec, [], len(saved.step_s), options.timeout_s)
-    bench = runs[-1]
-    if bench.environment and (mismatch := saved_baseline.machine_mismatch(saved, bench.environment, host)):
-        raise GateSetupError(mismatch)
-    if not bench.ok and bench.failure.kind == "config":
-        raise GateSetupError(f"the saved request cannot run here: {bench.failure.message}")
-    progress("numerics fingerprint of the working tree ...")
-    numerics_run = run_worker(saved_baseline.numerics_request(spec, saved.numerics_steps), timeout_s=options.timeout_s)
-    numerics = judge_numerics(saved.numerics, numerics_run, options, saved.numerics_steps)
-    warnings = saved_baseline.environment_warnings(saved, bench.environment, host) if bench.environment else []
-
-    def one_more_run(check: StepTimeCheck) -> str | None:
-        if not holds_a_bound(check):
-            return ("the unpaired floor is wider than the allowed regression, and more runs do not narrow it "
-                    "(--ref measures side by side)")
-        runs[:] = saved_baseline.more_runs(spec, runs, len(runs) + 1, options.timeout_s)
-        return None
-
-    step = until_clear(lambda: _unpaired_step_time(saved, runs, options), _extension(numerics, one_more_run),
-                       options, progress)
-    return _result("baseline", spec, a_label, b_label, step, numerics, warnings, start, options,
-                   environment=bench.environment)
-
-
-def _this_cpu(saved: saved_baseline.SavedBaseline) -> Environment | None:
-    """This machine's environment where it is known without a worker (CPU runs), else None."""
-    if saved.request.device != "cpu":
-        return None
-    import torch
-
-    from targets.worker import environment
-    return environment(torch.device("cpu"))
-
-
-def _working_tree_label(where: Path) -> str:
+def working_tree_label(where: Path) -> str:
+    """Side B's name: the working tree and its commit, and whether it has uncommitted changes."""
     commit = saved_baseline.git_commit(where)
     if commit is None:
         return "working tree"

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sg_opt.cli import app
-from sg_opt.gate import prune_left_behind
+from sg_opt.gate_checkout import prune_left_behind
 from sg_opt.report import load_state
 from sg_opt.run_store import RunRequest, create_run
 from state_machine import events, nodes
@@ -138,7 +138,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def _checkout_then(repo: Path, commit: str, then: str) -> subprocess.Popen:
     """A process that checks ``commit`` out as a gate does, prints the tree, then runs ``then``."""
-    code = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom sg_opt.gate import ref_checkout\n"
+    code = ("import os, signal, sys, time\nfrom pathlib import Path\nfrom sg_opt.gate_checkout import ref_checkout\n"
             f"checkout = ref_checkout(Path({str(repo)!r}), {commit!r})\n"
             "print(checkout.__enter__(), flush=True)\n" + then)
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -19,16 +19,19 @@ import pytest
 from typer.testing import CliRunner
 
 import sg_opt.gate as gate_module
+import sg_opt.gate_side_by_side as side_by_side
 from sg_opt import gate_report, run_machine, saved_baseline
 from sg_opt.cli import app
-from sg_opt.gate import (INCONCLUSIVE_EXIT, MAX_REGRESSION, GateOptions, GateResult, Interleaved, NumericsCheck,
-                         StepTimeCheck, holds_a_bound, judge_step_time, outcome, step_verdict, until_clear)
+from sg_opt.gate import (INCONCLUSIVE_EXIT, MAX_REGRESSION, GateOptions, GateResult, NumericsCheck, StepTimeCheck,
+                         holds_a_bound, judge_step_time, outcome, step_verdict, until_clear)
+from sg_opt.gate_side_by_side import Interleaved
 from sg_opt.gate_report import write_reports
 from targets.worker_client import scrubbed_env
 from targets.worker_protocol import Environment, WorkerRequest
-from validators.ab_stats import analyse, block_order, bootstrap_ratio_ci, floor_from
+from validators.ab_stats import bootstrap_ratio_ci, floor_from
 from validators.confirmation import pooled
-from validators.speedup import ABResult, NoiseFloor, SideSummary, spec_digest
+from tests.fixtures.ab_results import measured
+from validators.speedup import ABResult, NoiseFloor
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "agent_target.py"
 MODULE = "gate_target"
@@ -101,7 +104,7 @@ def test_an_inconclusive_check_is_extended_up_to_the_cap_or_until_nothing_more_h
                          lambda _: None)
     assert judged.extensions == 0 and judged.message.endswith("then stopped: nothing left to measure")
     numerics_failed = NumericsCheck(passed=False, numerics_class="reorder", steps=4, message="loss differs")
-    extend = gate_module._extension(numerics_failed, lambda _: pytest.fail("measured more after numerics failed"))
+    extend = gate_module.unless_numerics_failed(numerics_failed, lambda _: pytest.fail("measured more after numerics failed"))
     judged = until_clear(lambda: check_of("inconclusive"), extend, GateOptions(), lambda _: None)
     assert judged.message.endswith("then stopped: the numerics check fails the gate already")
 
@@ -129,16 +132,6 @@ def test_outcome_and_exit_code():
 SPEC = WorkerRequest(target=TARGET, size="tiny", mode="bench")
 
 
-def measured(a_medians, b_medians, floor: float = 0.01, labels=("A", "B")) -> ABResult:
-    """A result as measure_ab makes it from both sides' block medians (one step a block)."""
-    stats = analyse([[m] for m in a_medians], [[m] for m in b_medians], floor)
-    sides = [SideSummary(label=label, digest=spec_digest(SPEC), spec=SPEC, block_medians=medians)
-             for label, medians in zip(labels, (stats.a_medians, stats.b_medians))]
-    return ABResult(a=sides[0], b=sides[1], ratio_definition="B_time / A_time", ratio=stats.ratio,
-                    speedup=1 / stats.ratio, ci_low=stats.ci_low, ci_high=stats.ci_high, floor=floor,
-                    verdict=stats.verdict, order=block_order(len(a_medians)), blocks=len(a_medians), steps_per_block=1)
-
-
 def canned(monkeypatch, aa: list[ABResult], ab: list[ABResult]) -> dict[str, int]:
     """measure_ab and calibrate_noise_floor as the gate calls them, answering from the lists; the calls counted."""
     calls = {"aa": 0, "ab": 0}
@@ -151,8 +144,8 @@ def canned(monkeypatch, aa: list[ABResult], ab: list[ABResult]) -> dict[str, int
     def measure(*args, floor=0.01, **kwargs):
         calls["ab"] += 1
         return ab.pop(0).model_copy(update={"floor": floor})
-    monkeypatch.setattr(gate_module, "calibrate_noise_floor", calibrate)
-    monkeypatch.setattr(gate_module, "measure_ab", measure)
+    monkeypatch.setattr(side_by_side, "calibrate_noise_floor", calibrate)
+    monkeypatch.setattr(side_by_side, "measure_ab", measure)
     return calls
 
 
@@ -225,7 +218,7 @@ def test_once_a_run_has_waited_out_a_steady_outside_load_the_next_runs_start_at_
     def measure(*args, load_policy=None, **kwargs):
         policies.append(load_policy)
         return measured(same, same).model_copy(update={"load": steady if len(policies) == 1 else LoadRecord()})
-    monkeypatch.setattr(gate_module, "measure_ab", measure)
+    monkeypatch.setattr(side_by_side, "measure_ab", measure)
     measurement = Interleaved(SPEC, ("ref", None), ("A", "B"), GateOptions(), lambda _: None)
     measurement.measure(3)
     assert policies[0] is None and policies[1] == policies[2] == LoadPolicy(wait_s=0.0)
@@ -235,7 +228,7 @@ def test_once_a_run_has_waited_out_a_steady_outside_load_the_next_runs_start_at_
 
 def result_of(step: StepTimeCheck, options: GateOptions = GateOptions()) -> GateResult:
     numerics = NumericsCheck(passed=True, numerics_class="reorder", steps=4, message="same")
-    return gate_module._result("ref", SPEC, "A", "B", step, numerics, [], 0.0, options)
+    return gate_module.gate_result("ref", SPEC, "A", "B", step, numerics, [], 0.0, options)
 
 
 @pytest.mark.parametrize("verdict,allowed,first_line,failures,skipped,code", [

@@ -10,13 +10,15 @@ import time
 
 import pytest
 
-import sg_opt.gate as gate_module
+import sg_opt.gate_side_by_side as side_by_side
 import validators.cpu_share as cpu_share
 from sg_opt.gate import GateOptions, NumericsCheck
 from targets.machine_lease import machine_lease
+from tests.fixtures.ab_results import measured
 from targets.worker_protocol import WorkerRequest
 from validators.cpu_share import share_cpus, threads_left
 from validators.machine_load import LoadPolicy
+from validators.speedup import NoiseFloor
 
 SPEC = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=1,
                      config={"behaviour": "ok"})
@@ -70,7 +72,6 @@ def test_a_real_busy_loop_takes_a_cpu_from_the_timing_worker():
 
 
 def test_the_gate_times_every_run_on_the_threads_left_and_says_so(monkeypatch, tmp_path):
-    from tests.sg_opt.test_gate import measured
     same = [0.01, 0.0101, 0.0099, 0.01, 0.0101, 0.0099]
     seen = []
 
@@ -79,18 +80,18 @@ def test_the_gate_times_every_run_on_the_threads_left_and_says_so(monkeypatch, t
         return measured(same, same).model_copy(update={"floor": floor})
 
     def calibrate(spec, blocks, steps, timeout_s, repeats=2, load_policy=None, **kwargs):
-        return gate_module.NoiseFloor(floor=0.02, runs=[measure(spec, spec, load_policy=load_policy)
+        return NoiseFloor(floor=0.02, runs=[measure(spec, spec, load_policy=load_policy)
                                                         for _ in range(repeats)])
     later = LoadPolicy(wait_s=0.0)
     note = "other work kept 0.97 of the 2 CPUs busy after a wait of 60 s (x): both sides were timed on 1 thread(s)"
-    monkeypatch.setattr(gate_module, "share_cpus", lambda spec, **kw: cpu_share.CpuShare(
+    monkeypatch.setattr(side_by_side, "share_cpus", lambda spec, **kw: cpu_share.CpuShare(
         spec.model_copy(update={"threads": 1}), later, note))
-    monkeypatch.setattr(gate_module, "measure_ab", measure)
-    monkeypatch.setattr(gate_module, "calibrate_noise_floor", calibrate)
+    monkeypatch.setattr(side_by_side, "measure_ab", measure)
+    monkeypatch.setattr(side_by_side, "calibrate_noise_floor", calibrate)
     same_numerics = NumericsCheck(passed=True, numerics_class="reorder", steps=4, message="same")
-    monkeypatch.setattr(gate_module, "_numerics_pair", lambda *a, **k: (_Ran(), _Ran()))
-    monkeypatch.setattr(gate_module, "judge_numerics", lambda *a, **k: same_numerics)
-    result = gate_module.gate_against_tree(SPEC, tmp_path, GateOptions(), where=tmp_path)
+    monkeypatch.setattr(side_by_side, "_numerics_pair", lambda *a, **k: (_Ran(), _Ran()))
+    monkeypatch.setattr(side_by_side, "judge_numerics", lambda *a, **k: same_numerics)
+    result = side_by_side.gate_against_tree(SPEC, tmp_path, GateOptions(), where=tmp_path)
     assert result.outcome == "pass" and note in result.warnings
     assert seen and all(t == (1, 1, later) for t in seen)  # the A/A runs too
 
