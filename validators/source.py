@@ -1,4 +1,5 @@
-"""Static checks of a candidate kernel's source, before any of it runs.
+"""Static checks of a candidate kernel's source, before any of it runs (the lists of what it may reach:
+``validators.source_policy``).
 
 A candidate kernel is agent-written Python that will be imported into the process that measures
 it. Tools like sg-opt have been fooled by kernels that read the harness's files, patched torch so
@@ -39,7 +40,8 @@ value), ``forbidden-name`` (open, os, eval, exec, compile, __import__, globals, 
 method definitions, metaclasses), ``private`` (``torch._C`` and any ``_x``), ``introspection`` (frames,
 code objects, tracebacks; ``type``, ``super``, ``dir``, ``object``, ``mro``), ``forbidden-api``
 (load/save/tofile/numpy/storage/hub/backends/testing/fork/streams...), ``global-state`` (seeds, RNG,
-``set_*``, ``register_*``, a yield or await inside a with block, which leaves its context entered), ``attribute-assignment`` (monkeypatching), ``decorator`` (only triton.jit,
+``set_*``, ``register_*``, a yield or await inside a with block, which leaves its context entered),
+``attribute-assignment`` (monkeypatching), ``decorator`` (only triton.jit,
 triton.autotune, triton.heuristics) and ``missing-function``. A rejection names its rule and line in
 one sentence; ``violations`` lists every one found (one per attribute chain, its first bad step), so a
 proposer can fix them all at once.
@@ -49,126 +51,20 @@ from __future__ import annotations
 
 import ast
 import codecs
-import importlib
 import inspect
 import re
 import unicodedata
-from types import ModuleType
 from typing import Any, Iterable
 
 from pydantic import BaseModel, Field
 
-# The module namespaces an attribute chain may pass through. None: every public member that is not a module,
-# was defined in the namespace's own package and is not TorchScript machinery (a module only when it is listed
-# here too); a set: those members only.
-NAMESPACES: dict[str, frozenset[str] | None] = {
-    "torch": None,
-    "torch.nn": frozenset({"functional"}),  # only the route to functional: modules, init, parallel... are not kernels
-    "torch.nn.functional": None,
-    "torch.linalg": None,
-    "torch.special": None,
-    "torch.fft": None,
-    # Read-only device queries, the caller's stream, and the context managers that launch on a given stream or
-    # device. Never Stream/Event/ExternalStream or graphs (work the caller's stream does not wait for, or replays
-    # later), memory, allocator, RNG or settings (process-wide state), cudart, jiterator, nvtx or ipc.
-    "torch.cuda": frozenset({"is_available", "is_bf16_supported", "current_device", "device_count",
-                             "get_device_name", "get_device_capability", "get_device_properties",
-                             "current_stream", "default_stream", "stream", "device", "synchronize"}),
-    "triton": frozenset({"jit", "autotune", "Config", "heuristics", "cdiv", "next_power_of_2", "language"}),
-    "triton.language": None,
-    "triton.language.math": None,
-    "triton.language.extra": frozenset({"libdevice", "cuda"}),  # its `modules` is sys.modules
-    "triton.language.extra.libdevice": None,
-    "triton.language.extra.cuda": frozenset({"libdevice"}),  # not globaltimer, smid or gdc
-    "triton.language.extra.cuda.libdevice": None,
-    "math": None,
-}
-ALLOWED_MODULES: frozenset[str] = frozenset(NAMESPACES) | {"__future__"}
-ALLOWED_DECORATORS: frozenset[str] = frozenset({"triton.jit", "triton.autotune", "triton.heuristics"})
-CONSTANT_TYPES = (bool, int, float, complex, str, bytes, type(None))
+from validators.source_policy import (ALLOWED_DECORATORS, ALLOWED_MODULES, ATTRIBUTE_BUILTINS, CLASS_WALK_NAMES,
+                                      FORBIDDEN_APIS, FORBIDDEN_FRAGMENTS, FORBIDDEN_NAMES, GLOBAL_STATE_NAMES,
+                                      GLOBAL_STATE_PREFIXES, INTROSPECTION_PREFIXES, MISSING, MODULES, NAMESPACES,
+                                      TRITON_LANGUAGE, is_machinery, member, member_problem)
 
-# Names (as identifiers or attributes) that reach files, processes, the interpreter or introspection.
-FORBIDDEN_NAMES: frozenset[str] = frozenset({
-    "open", "os", "sys", "subprocess", "socket", "eval", "exec", "compile", "__import__", "importlib",
-    "ctypes", "builtins", "globals", "locals", "vars", "breakpoint", "input", "exit", "quit",
-    "setattr", "delattr",  # attribute assignment by any spelling is monkeypatching
-    "help", "license", "copyright", "credits",  # interactive helpers that read files and start pagers
-    "io", "FileIO", "pickle", "marshal", "shutil", "tempfile", "pathlib", "gc", "inspect", "threading",
-})
-# Builtins that walk from an object to its class, the class's bases and their members.
-CLASS_WALK_NAMES: frozenset[str] = frozenset({"type", "super", "dir", "object"})
-# Frames, code objects and tracebacks: a generator's gi_frame.f_back reaches the caller's locals.
-INTROSPECTION_PREFIXES: tuple[str, ...] = ("gi_", "cr_", "ag_", "f_", "tb_", "co_")
-# Attributes that load or save code or data, reach the network or other processes, or time kernels. Checked on
-# any object, resolved or not. Not here: data_ptr (an address) and pin_memory (pinned host memory), which reach
-# nothing outside the process and can fake nothing.
-FORBIDDEN_APIS: dict[str, str] = {
-    **{name: "reads the allocator's statistics, where the copies a spot check takes would show it is being checked"
-       for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
-                    "memory_stats", "mem_get_info", "memory_snapshot", "memory_summary")},
-    "load": "deserialises objects from a file (only triton.language.load is allowed)",
-    "loads": "deserialises objects, which runs any code a pickle names",
-    "save": "writes objects to a file",
-    "dump": "writes objects to a file",
-    "dumps": "serialises objects for another process",
-    "from_file": "maps a file into a tensor",
-    "tofile": "writes a file",
-    "fromfile": "reads a file",
-    "numpy": "leaves torch for numpy, whose arrays read and write files (tofile, dump, load)",
-    "storage": "exposes raw storage, which maps files and is shared between processes",
-    "untyped_storage": "exposes raw storage, which maps files and is shared between processes",
-    "share_memory_": "moves a tensor into shared memory that other processes can map",
-    "as_subclass": "makes a tensor an instance of another class, whose methods can answer the validator",
-    "import_ir_module": "loads TorchScript code",
-    "import_ir_module_from_buffer": "loads TorchScript code",
-    "get_device_module": "returns a module (torch.cuda with its memory, streams and settings) out of static sight",
-    "prepare_multiprocessing_environment": "prepares other processes",
-    "Stream": "starts a stream the caller does not wait for, so work escapes the measurement",
-    "ExternalStream": "starts a stream the caller does not wait for, so work escapes the measurement",
-    "Event": "times or orders work across streams, which belongs to the validator",
-    "hub": "downloads and runs code",
-    "cpp_extension": "compiles and loads native code",
-    "load_library": "loads native code",
-    "library": "registers operators that replace torch's own",
-    "py_impl": "registers operators that replace torch's own",
-    "CUDAPluggableAllocator": "loads a native allocator",
-    "change_current_allocator": "replaces the allocator",
-    "cudart": "exposes the raw CUDA runtime",
-    "multiprocessing": "starts processes",
-    "distributed": "opens network connections",
-    "package": "reads and writes code archives",
-    "onnx": "writes files",
-    "profiler": "interferes with measurement",
-    "testing": "holds timing and comparison shortcuts that belong to the validator",
-    "runtime": "reaches Triton's driver, cache and benchmarking internals",
-    "compiler": "reaches compiler internals and caches",
-    "tools": "reaches Triton's tooling",
-    "knobs": "changes Triton's global configuration",
-    "backends": "holds global numerics switches (TF32, reduced-precision reductions)",
-    "fork": "runs work on another thread that can outlive the call",
-    "futures": "runs work on another thread that can outlive the call",
-    "format": "walks attributes named inside a string ('{0.__globals__}'), out of static sight",
-    "format_map": "walks attributes named inside a string ('{0.__globals__}'), out of static sight",
-}
-# Fragments of attribute names with the same verdict (whatever the prefix): (fragment, case-sensitive, why).
-FORBIDDEN_FRAGMENTS: tuple[tuple[str, bool, str], ...] = (
-    ("file", False, "reads or writes files"),
-    ("Storage", True, "is a storage class, which maps files and shares memory between processes"),
-    ("profiler", False, "interferes with measurement"),
-    ("multiprocessing", False, "starts processes"),
-)
-# Attributes that change process-wide state: RNG, default dtype/device/stream, determinism, hooks.
-GLOBAL_STATE_NAMES: frozenset[str] = frozenset({
-    "manual_seed", "manual_seed_all", "seed", "seed_all", "random", "fork_rng", "get_rng_state",
-    "get_rng_state_all", "use_deterministic_algorithms", "default_generator",
-})
-GLOBAL_STATE_PREFIXES: tuple[str, ...] = ("set_", "register_")
-TRITON_LANGUAGE = "triton.language"
-ATTRIBUTE_BUILTINS = ("getattr", "hasattr")
 # PEP 263: a coding declaration in a comment on line 1 or 2.
 CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
-
-_MISSING = object()  # a chain step that does not resolve
 
 
 class Violation(BaseModel):
@@ -194,66 +90,6 @@ def _is_dunder(name: str) -> bool:
 def _normal(name: str) -> str:
     """Python reads identifiers NFKC-normalised; getattr strings are compared the same way, to be safe."""
     return unicodedata.normalize("NFKC", name)
-
-
-class _Modules:
-    """The real modules behind ``NAMESPACES``, imported on first use (and only those: no name from a candidate
-    is ever imported). None where one cannot be imported here, e.g. triton on a machine without it."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[str, ModuleType | None] = {}
-
-    def get(self, name: str) -> ModuleType | None:
-        if name not in NAMESPACES:
-            return None
-        if name not in self.loaded:
-            try:
-                self.loaded[name] = importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - a missing or broken package: nothing through it can be resolved
-                self.loaded[name] = None
-        return self.loaded[name]
-
-
-MODULES = _Modules()
-
-
-def _origin(value: Any) -> str:
-    """The module a class or function was defined in (for other objects, their type's)."""
-    holder = value if inspect.isclass(value) or inspect.isroutine(value) else type(value)
-    origin = getattr(holder, "__module__", None)
-    return origin if isinstance(origin, str) else ""
-
-
-def _is_machinery(value: Any) -> bool:
-    """TorchScript, serialisation and file-reader classes torch exports from its C++ bindings."""
-    return inspect.isclass(value) and type(value).__name__ == "pybind11_type"
-
-
-def _member(owner: Any, attr: str) -> Any:
-    """``owner.attr`` without running any code (no __getattr__, no properties), or _MISSING; a submodule listed
-    in ``NAMESPACES`` is imported first, as the candidate's own import of it would."""
-    if inspect.ismodule(owner):
-        listed = MODULES.get(f"{owner.__name__}.{attr}")
-        if listed is not None:
-            return listed
-    try:
-        return inspect.getattr_static(owner, attr, _MISSING)
-    except Exception:  # noqa: BLE001 - an object that cannot be inspected resolves to nothing
-        return _MISSING
-
-
-def _member_problem(namespace: ModuleType, value: Any) -> str | None:
-    """Why a non-module member of an open namespace is out of bounds, or None."""
-    if isinstance(value, CONSTANT_TYPES) or (isinstance(value, tuple) and all(isinstance(v, CONSTANT_TYPES)
-                                                                              for v in value)):
-        return None
-    if _is_machinery(value):
-        return "part of torch's TorchScript and serialisation machinery"
-    package = namespace.__name__.split(".")[0]
-    origin = _origin(value)
-    if origin.split(".")[0] != package:
-        return f"defined in {origin or 'an unknown module'}, not in {package}"
-    return None
 
 
 class _Checker:
@@ -327,7 +163,7 @@ class _Checker:
 
     @staticmethod
     def _allowed() -> str:
-        return "torch, triton, math and their modules in validators.source.NAMESPACES"
+        return "torch, triton, math and their modules in validators.source_policy.NAMESPACES"
 
     def _rebinds(self, node: ast.AST, name: str | None) -> None:
         """Flag a binding of an imported name, or of getattr/hasattr (whose literal calls are read as attributes)."""
@@ -377,7 +213,7 @@ class _Checker:
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         """``case C(attr=p)`` reads ``subject.attr`` by name: the same rules as any attribute on an object."""
         for attr in node.kwd_attrs:
-            if not self._step(node, attr, None, _MISSING)[0]:
+            if not self._step(node, attr, None, MISSING)[0]:
                 return
 
     def visit_Yield(self, node: ast.Yield | ast.YieldFrom | ast.Await) -> None:
@@ -475,7 +311,7 @@ class _Checker:
             steps.append((node, link[1]))
             node = link[0]
         path: str | None = None
-        value: Any = _MISSING
+        value: Any = MISSING
         if isinstance(node, ast.Name) and (name := _normal(node.id)) in self.aliases and name not in self.unresolved:
             path = self.aliases[name]
             value = self._lookup(path)
@@ -490,32 +326,32 @@ class _Checker:
 
     @staticmethod
     def _lookup(path: str) -> Any:
-        """The object an imported path names (a module of ``NAMESPACES`` or one member of one), or _MISSING."""
+        """The object an imported path names (a module of ``NAMESPACES`` or one member of one), or MISSING."""
         if path in NAMESPACES:
             module = MODULES.get(path)
-            return _MISSING if module is None else module
+            return MISSING if module is None else module
         owner, _, member = path.rpartition(".")
         module = MODULES.get(owner)
-        return _MISSING if module is None else _member(module, member)
+        return MISSING if module is None else member(module, member)
 
     def _step(self, node: ast.AST, attr: str, owner: str | None, value: Any,
               spelled: str | None = None) -> tuple[bool, str | None, Any]:
-        """Apply the rules to ``owner.attr``, where ``value`` is what ``owner`` resolved to (_MISSING: nothing).
+        """Apply the rules to ``owner.attr``, where ``value`` is what ``owner`` resolved to (MISSING: nothing).
 
         Returns whether the step is allowed, and the path and object it leads to.
         """
         attr = _normal(attr)
         qualified = f"{owner}.{attr}" if owner else f"<object>.{attr}"
         if not self._check_attribute_name(node, attr, owner, qualified):
-            return False, None, _MISSING
-        if value is _MISSING:
-            return True, None, _MISSING
+            return False, None, MISSING
+        if value is MISSING:
+            return True, None, MISSING
 
         def reach(why: str) -> tuple[bool, None, Any]:
             shown = spelled if spelled is not None else ast.unparse(node)
             named = qualified if shown == qualified else f"{shown} ({qualified})"
             self.flag(node, "reach", f"{named} {why}")
-            return False, None, _MISSING
+            return False, None, MISSING
 
         problem = None
         if inspect.ismodule(value):
@@ -523,21 +359,21 @@ class _Checker:
             if members is not None and attr not in members:
                 return reach(f"is not one of the members of {value.__name__} a kernel may use "
                              f"({', '.join(sorted(members)) or 'none'})")
-            found = _member(value, attr)
-            if found is _MISSING:
+            found = member(value, attr)
+            if found is MISSING:
                 return reach(f"does not resolve to a member of {value.__name__} here")
             if members is None and not inspect.ismodule(found):
-                problem = _member_problem(value, found)
+                problem = member_problem(value, found)
         else:  # a class, function or constant reached through a namespace: its members are looked up statically
-            found = _member(value, attr)
-            if found is _MISSING:
-                return True, qualified, _MISSING
-            if _is_machinery(found):
+            found = member(value, attr)
+            if found is MISSING:
+                return True, qualified, MISSING
+            if is_machinery(found):
                 problem = "part of torch's TorchScript and serialisation machinery"
         if inspect.ismodule(found):
             if found.__name__ not in NAMESPACES:
                 what = "is a module" if found.__name__ == qualified else f"is the module {found.__name__}"
-                return reach(f"{what} outside the namespaces a kernel may use (validators.source.NAMESPACES)")
+                return reach(f"{what} outside the namespaces a kernel may use (validators.source_policy.NAMESPACES)")
             return True, found.__name__, found
         if problem:
             return reach(f"is {problem}, outside what a kernel may use")

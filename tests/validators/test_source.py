@@ -14,7 +14,8 @@ import pytest
 
 from targets.haste_rec.embeddings.embedding_slots import EMBEDDING_SLOTS
 from targets.haste_rec.tail.tail_slots import TAIL_SLOTS
-from validators.source import ALLOWED_MODULES, MODULES, NAMESPACES, check_source
+from validators.source import check_source
+from validators.source_policy import ALLOWED_MODULES, MODULES, NAMESPACES
 
 CANDIDATES = Path(__file__).parent / "candidates"
 REAL_KERNELS = Path(__file__).parents[2] / "targets" / "haste_rec"
