@@ -25,7 +25,7 @@ from targets.worker_protocol import WorkerRequest
 from validators import confirmation
 from validators.ab_stats import analyse, block_order, floor_from
 from validators.confirmation import confirm_win
-from validators.speedup import ABResult, SideSummary, spec_digest
+from validators.ab_result import ABResult, SideSummary, spec_digest
 
 INCUMBENT = WorkerRequest(target="haste-rec", size="large", mode="bench")
 CANDIDATE = INCUMBENT.model_copy(update={"config": {"pack_batches": True}})

@@ -21,7 +21,8 @@ import time
 
 from targets.worker_protocol import WorkerRequest
 from validators.confirmation import confirm_win
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
+from validators.ab_result import ABResult, NoiseFloor
+from validators.speedup import calibrate_noise_floor, measure_ab
 
 TARGET = "benchmarks.slowed_target:TARGET"
 

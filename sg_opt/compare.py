@@ -14,7 +14,8 @@ from rich.table import Table
 
 from targets.worker_protocol import WorkerRequest
 from validators.confirmation import PROCESS_PAIRS, across_process_pairs
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor, measure_ab
+from validators.ab_result import ABResult, NoiseFloor
+from validators.speedup import calibrate_noise_floor, measure_ab
 from validators.steadiness import block_spread, steadier_of_two
 
 

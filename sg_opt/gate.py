@@ -97,7 +97,7 @@ from sg_opt import saved_baseline
 from targets.protocol import ConfigError
 from targets.worker_protocol import Environment, Failure, NumericsData, WorkerRequest, WorkerResult
 from validators.numerics import NumericsVerdict, compare
-from validators.speedup import ABResult
+from validators.ab_result import ABResult
 
 GATE_SCHEMA_VERSION = 2  # 2: verdicts of three values, the outcome, and the extensions made
 MAX_REGRESSION = 0.05

@@ -19,7 +19,8 @@ from validators.ab_stats import decide, floor_from
 from validators.confirmation import pooled
 from validators.cpu_share import share_cpus
 from validators.machine_load import LoadPolicy
-from validators.speedup import ABResult, CalibrationFailed, calibrate_noise_floor, measure_ab
+from validators.ab_result import ABResult
+from validators.speedup import CalibrationFailed, calibrate_noise_floor, measure_ab
 
 
 def _numerics_pair(spec: WorkerRequest, steps: int, roots: tuple[str | None, str | None],

@@ -25,7 +25,7 @@ from state_machine import events
 from state_machine.events import read_events
 from state_machine.state import Evaluated, FinalMeasurement, Recalibration, RunState, Verdict
 from targets.confinement import Confinement
-from validators.speedup import ABResult, NoiseFloor
+from validators.ab_result import ABResult, NoiseFloor
 
 SUMMARY_SCHEMA_VERSION = 2
 SUMMARY_FILE = "summary.json"

@@ -21,7 +21,8 @@ from state_machine.state import Lane, RunState
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import floor_from
-from validators.speedup import ABResult, NoiseFloor, calibrate_noise_floor
+from validators.ab_result import ABResult, NoiseFloor
+from validators.speedup import calibrate_noise_floor
 
 CONCURRENT_TOLERANCE = 1.5  # lanes may time at once while that widens the A/A floor at most this much
 

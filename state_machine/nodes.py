@@ -38,7 +38,8 @@ from validators.timing_worker import note_footprint
 from validators.numerics import calibrate_reorder
 from validators.source import check_source
 from validators.confirmation import across_process_pairs, confirm_win
-from validators.speedup import ABResult, CalibrationFailed, measure_ab
+from validators.ab_result import ABResult
+from validators.speedup import CalibrationFailed, measure_ab
 from validators.steadiness import steadier_of_two
 
 PROBE_STEPS = 5           # steps of the short timing that sizes the A/B blocks

@@ -253,7 +253,7 @@ class FinalMeasurement(BaseModel):
     file: RunPath
     note: str | None = Field(None, description="set when the first final measurement was disturbed and repeated")
     clean: bool = Field(True, description="False: measured beside outside load or without the machine's lock "
-                                          "(validators.speedup.ABResult.clean): not a figure to quote")
+                                          "(validators.ab_result.ABResult.clean): not a figure to quote")
     load: str | None = Field(None, description="why it is not clean: the machine's other work beside it")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from state_machine.state import RunState
 from validators.confirmation import blocks_per_pair
-from validators.speedup import ABResult
+from validators.ab_result import ABResult
 
 CANDIDATE_NODES = ("propose", "check", "validate", "measure", "decide", "evaluate_batch")  # a candidate's own
 

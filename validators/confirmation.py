@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field
 from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import CONFIDENCE, RESAMPLES, decide, pairs_ratio, pairs_ratio_ci
 from validators.machine_load import pooled_load
-from validators.speedup import ABResult, NoiseFloor, SidesMismatch, assert_sides, measure_ab
+from validators.ab_result import ABResult, NoiseFloor, SidesMismatch, assert_sides
+from validators.speedup import measure_ab
 from validators.started_ahead import WorkerPool
 from validators.steadiness import drift
 

@@ -7,7 +7,7 @@ import statistics
 from typing import Callable, Sequence
 
 from validators.ab_stats import order_correlation
-from validators.speedup import ABResult
+from validators.ab_result import ABResult
 
 DISTURBED_SPREAD = 0.25  # a side whose block medians spread by more than this (or DISTURBED_FLOORS floors)...
 DISTURBED_FLOORS = 5.0   # ...was slowed by something outside the two workers for part of the run

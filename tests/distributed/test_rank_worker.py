@@ -20,7 +20,8 @@ from targets.registry import resolve_target
 from targets.worker_client import lost_rank, run_worker
 from targets.worker_protocol import BenchData, WorkerRequest
 from validators.numerics import compare
-from validators.speedup import measure_ab, spec_digest
+from validators.ab_result import spec_digest
+from validators.speedup import measure_ab
 
 TINY = dict(target="haste-rec", size="tiny", warmup=2)
 

@@ -10,7 +10,7 @@ from sg_opt.compare import render
 from targets.worker_protocol import WorkerRequest
 from validators.ab_stats import block_order
 from validators.machine_load import LoadRecord
-from validators.speedup import ABResult, SideSummary
+from validators.ab_result import ABResult, SideSummary
 
 
 def result(load: LoadRecord | None) -> ABResult:

@@ -31,7 +31,7 @@ from targets.worker_protocol import Environment, WorkerRequest
 from validators.ab_stats import bootstrap_ratio_ci, floor_from
 from validators.confirmation import pooled
 from tests.fixtures.ab_results import measured
-from validators.speedup import ABResult, NoiseFloor
+from validators.ab_result import ABResult, NoiseFloor
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "agent_target.py"
 MODULE = "gate_target"

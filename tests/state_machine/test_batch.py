@@ -23,7 +23,7 @@ from targets.registry import resolve_target
 from targets.fork_server import fixed_allocator_env
 from targets.worker_client import device_env, scrubbed_env
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import ABResult, NoiseFloor
+from validators.ab_result import ABResult, NoiseFloor
 
 AGENT_TARGET = "tests.fixtures.agent_target:target"
 

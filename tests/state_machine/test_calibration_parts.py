@@ -6,7 +6,7 @@ from __future__ import annotations
 from state_machine import lanes
 from state_machine.state import RunState
 from targets.worker_protocol import WorkerRequest
-from validators.speedup import ABResult, SideSummary, spec_digest
+from validators.ab_result import ABResult, SideSummary, spec_digest
 
 
 def _run(spec: WorkerRequest, ratio: float) -> ABResult:

@@ -135,7 +135,7 @@ def one_pair(state):
 def _final_ab(baseline_ms, best_ms, ratio):
     from targets.worker_protocol import WorkerRequest
     from validators.ab_stats import block_order
-    from validators.speedup import ABResult, SideSummary
+    from validators.ab_result import ABResult, SideSummary
     spec = WorkerRequest(target="haste-rec", size="tiny", mode="bench")
     sides = [SideSummary(label=label, digest=label, spec=spec, block_medians=[ms / 1e3 for ms in medians])
              for label, medians in (("baseline", baseline_ms), ("best", best_ms))]
@@ -283,7 +283,7 @@ def test_the_noise_floor_is_calibrated_again_on_a_much_faster_incumbent(state, c
     from state_machine.state import Baseline, Incumbent
     from targets.worker_protocol import Failure
     from validators.confirmation import Confirmation
-    from validators.speedup import NoiseFloor
+    from validators.ab_result import NoiseFloor
     calibrated, profiled = [], []
 
     def noise_floor(st, spec, blocks, block_steps, timeout_s):

@@ -133,7 +133,7 @@ def test_without_a_calibration_the_incumbent_is_expected_at_its_own_blocks_in_th
     disturbance (x1.20, where against the product it was x2.62 and profiled again)."""
     from state_machine.state import Evaluated, Verdict
     from tests.state_machine.records import candidate
-    from validators.speedup import ABResult, SideSummary
+    from validators.ab_result import ABResult, SideSummary
     last = json.loads((FIXTURES / "h200_large_cached_s29_ab_3.json").read_text())["runs"][-1]
     accepting = ABResult.model_construct(**{side: SideSummary.model_construct(**last[side]) for side in "ab"})
     accepted = Evaluated(candidate=candidate(3, patch={"embedding_cache_index": "device"}), incumbent_id=2,

@@ -24,7 +24,8 @@ from tests.validators.test_speedup import INCUMBENT
 from validators.timing_worker import shared_cpus
 from validators.ab_stats import block_order
 from validators.machine_load import QUIET_WAIT_ENV, LoadPolicy
-from validators.speedup import MAX_STEP_FACTOR, ABResult, assert_sides, measure_ab
+from validators.ab_result import ABResult, assert_sides
+from validators.speedup import MAX_STEP_FACTOR, measure_ab
 
 
 @pytest.fixture(autouse=True)

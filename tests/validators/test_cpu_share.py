@@ -18,7 +18,7 @@ from tests.fixtures.ab_results import measured
 from targets.worker_protocol import WorkerRequest
 from validators.cpu_share import share_cpus, threads_left
 from validators.machine_load import LoadPolicy
-from validators.speedup import NoiseFloor
+from validators.ab_result import NoiseFloor
 
 SPEC = WorkerRequest(target="tests.fixtures.faulty_target:target", size="tiny", mode="bench", warmup=1,
                      config={"behaviour": "ok"})

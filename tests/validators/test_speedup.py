@@ -14,8 +14,8 @@ import validators.speedup as speedup
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_stats import (MIN_FLOOR, analyse, block_order, bootstrap_ratio_ci, decide, floor_from, paired_ratio,
                                  pairs_ratio, pairs_ratio_ci)
-from validators.speedup import (MAX_STEP_FACTOR, ABResult, CalibrationFailed, SideSummary, SidesMismatch,
-                                assert_sides, calibrate_noise_floor, equal_time_steps, spec_digest)
+from validators.ab_result import ABResult, SidesMismatch, SideSummary, assert_sides, spec_digest
+from validators.speedup import MAX_STEP_FACTOR, CalibrationFailed, calibrate_noise_floor, equal_time_steps
 from validators.confirmation import confirm_win
 from validators.machine_load import LoadRecord
 from validators.timing_worker import overlap_builds, shared_cpus
