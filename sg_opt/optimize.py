@@ -23,7 +23,8 @@ from sg_opt.redact import resolve_base_url
 from sg_opt import run_machine
 from sg_opt.report import write_report
 from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run, refuse_restart
-from sg_opt.summary import SUMMARY_FILE, Summary, build_summary
+from sg_opt.summary import SUMMARY_FILE, Summary
+from sg_opt.summary_build import build_summary
 from sg_opt.tiers import load_tiers
 from state_machine import events, graph
 from state_machine.context import ProposerPolicy, RunContext

@@ -26,7 +26,8 @@ from pathlib import Path
 from sg_opt.report_text import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes, floor_text,
                                 host_line, machine_rows, numerics_line, over_floor_text, ratio_text, result_line,
                                 spend_line, status_line, step_ms_text, step_text, time_line, verdict_text)
-from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, Summary, build_summary
+from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, Summary
+from sg_opt.summary_build import build_summary
 from state_machine.portable import portable
 from state_machine.state import FLAT_IN_FLIGHT, RunState
 from state_machine.state_file import StateFileError, read_state, rooted, write_state

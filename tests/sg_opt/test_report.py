@@ -23,7 +23,8 @@ from sg_opt.cli import app
 from sg_opt import plots
 from sg_opt.report import report_markdown, result_line
 from sg_opt.report_html import render_html
-from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary, phase_breakdowns
+from sg_opt.summary import SUMMARY_SCHEMA_VERSION, Summary
+from sg_opt.summary_build import phase_breakdowns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -234,7 +235,7 @@ def test_help_shows_an_example():
 
 def test_a_ranked_profile_says_whose_phases_these_are_and_each_ranks_collective_share():
     from profilers.records import ProfileResult, RankProfile
-    from sg_opt.summary import ranks_sentence
+    from sg_opt.summary_build import ranks_sentence
 
     ranks = [RankProfile(rank=r, step_s=0.04, unprofiled_step_s=0.03, phase_s={}, comm_s=c, comm_share=c / 0.04)
              for r, c in ((0, 0.002), (1, 0.006))]
@@ -279,7 +280,7 @@ def test_the_host_line_names_the_ops_the_host_waited_on():
 
 def test_worker_startup_counts_each_worker_once(tmp_path):
     """The quoted final A/B is a copy of one of the two kept beside it: its workers are not counted twice."""
-    from sg_opt.summary import _worker_startup
+    from sg_opt.summary_build import read_worker_startup
 
     def result(*sides):
         return dict(zip("ab", sides))
@@ -292,7 +293,7 @@ def test_worker_startup_counts_each_worker_once(tmp_path):
     (tmp_path / "final_ab_disturbed.json").write_text(json.dumps(result(three, four)))
     (tmp_path / "final_ab.json").write_text(json.dumps(result(three, four)))  # the quoted copy
     (tmp_path / "profile.json").write_text(json.dumps({"startup": {"start": 99.0, "build": 0.0, "warmup": 0.0}}))
-    w = _worker_startup(tmp_path)
+    w = read_worker_startup(tmp_path)
     assert w.workers == 4 and w.start_s == pytest.approx(1.15) and w.build_s == pytest.approx(2.3)
     assert w.ready_s == pytest.approx((4.0 + 4.1) / 2)  # the median of the totals 3.5, 4.0, 9.6, 4.1
     assert w.close_s is None  # measurements made before it was recorded
@@ -312,7 +313,7 @@ def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
     from types import SimpleNamespace
 
     from sg_opt.report import time_line
-    from sg_opt.summary import _worker_startup
+    from sg_opt.summary_build import read_worker_startup
     split = {"start": 0.3, "build": 12.0, "warmup": 1.5}
     sides = {"a": {"startup": split}, "b": {"startup": split}}
     (tmp_path / "baseline").mkdir()
@@ -322,7 +323,7 @@ def test_the_report_says_how_long_closing_a_measurements_workers_took(tmp_path):
     final = {**sides, "wall_s": 40.1, "blocks_s": 20.0, "close_s": 2.0}
     (tmp_path / "final_ab_repeat.json").write_text(json.dumps(final))
     (tmp_path / "final_ab.json").write_text(json.dumps(final))
-    w = _worker_startup(tmp_path)
+    w = read_worker_startup(tmp_path)
     assert w.close_s == 8.0  # the median of 9, 8 and 2, the copy left out
     line = time_line(SimpleNamespace(wall_s=60.0, node_s={}, worker_startup=w))
     assert line.endswith("Closing a measurement's workers took 8.0 s.")
@@ -350,14 +351,14 @@ def test_the_report_counts_the_measurements_whose_workers_started_during_validat
     from types import SimpleNamespace
 
     from sg_opt.report import time_line
-    from sg_opt.summary import _worker_startup
+    from sg_opt.summary_build import read_worker_startup
     split = {"start": 1.0, "build": 2.0, "warmup": 0.5}
     measured = {"a": {"startup": split}, "b": {"startup": split}}
     for cid, ahead in (("001", True), ("002", False), ("003", True)):
         (tmp_path / "candidates" / cid).mkdir(parents=True)
         (tmp_path / "candidates" / cid / "ab.json").write_text(json.dumps(
             {"runs": [{**measured, "started_ahead": ahead}, {**measured, "started_ahead": False}]}))
-    w = _worker_startup(tmp_path)
+    w = read_worker_startup(tmp_path)
     assert w.started_ahead == 2
     line = time_line(SimpleNamespace(wall_s=60.0, node_s={}, worker_startup=w))
     assert line.endswith("2 measurement(s) found their workers started during the candidate's validation.")

@@ -162,10 +162,10 @@ def test_past_the_baselines_profile_the_tpe_search_profiles_no_incumbent(state, 
 
 
 def test_the_report_says_why_a_tpe_runs_incumbent_has_no_profile(state, tmp_path):
-    from sg_opt.summary import _profiles
+    from sg_opt.summary_build import read_profiles
     accepted = evaluated(state, 1, {"workers": 1}, "measure", ratio=0.9, accepted=True)
     notes: list[str] = []
-    assert _profiles(accepted, tmp_path, notes) == []
+    assert read_profiles(accepted, tmp_path, notes) == []
     assert notes == ["the TPE search does not profile each new incumbent: it reads no findings (nodes.diagnose)"]
 
 
