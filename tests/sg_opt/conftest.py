@@ -20,6 +20,7 @@ from state_machine.llm_interfaces import Usage
 from validators.machine_load import LOAD_LIMIT_ENV
 from tests.fixtures.openai_server import openai_server  # noqa: F401 (the scripted server, for every test here)
 from tests.fixtures.quick_measurement import quick_measurement
+from tests.fixtures.gate_repo import gate_repo
 
 ROOT = Path(__file__).resolve().parents[2]
 FINE = Path(__file__).with_name("test_report_fine.json")
@@ -56,3 +57,9 @@ def rich_run(agent_run: Path, tmp_path_factory) -> Path:
     profile.write_text(json.dumps(data))
     assert CliRunner().invoke(app, ["report", str(run_dir)]).exit_code == 0
     return run_dir
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git repository holding a small target, the working directory (``tests.fixtures.gate_repo``)."""
+    yield from gate_repo(tmp_path, monkeypatch)

@@ -15,13 +15,13 @@ from sg_opt.gate import GateResult
 from sg_opt.gate_report import markdown
 from targets.worker import environment
 from targets.worker_protocol import NumericsData, WorkerRequest
-from tests.sg_opt.test_gate import repo, worktrees  # noqa: F401 (the git repository fixture)
+from tests.fixtures.gate_repo import worktrees
 
 runner = CliRunner()
 
 
 @pytest.mark.slow
-def test_a_gate_on_two_ranks_runs_both_sides_on_two_ranks(repo):  # noqa: F811
+def test_a_gate_on_two_ranks_runs_both_sides_on_two_ranks(repo):
     # haste-rec comes from the installed package on both sides; the gate's logic and its ranks are under
     # test. A wide --floor and --max-regression keep noise from failing it (and let its blocks be short): the
     # numerics must still hold.
