@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from sg_opt import saved_baseline
-from sg_opt.gate import (GateOptions, GateSetupError, Progress, StepTimeCheck, failed_timing,
+from sg_opt.gate import (GateOptions, GateResult, GateSetupError, Progress, StepTimeCheck, failed_timing,
                          gate_result, holds_a_bound, judge_numerics, judge_step_time, unless_numerics_failed,
                          until_clear, working_tree_label)
 from sg_opt.gate_checkout import ref_checkout, resolve_ref
@@ -18,7 +17,7 @@ from targets.worker_protocol import WorkerRequest, WorkerResult
 from validators.ab_stats import decide, floor_from
 from validators.confirmation import pooled
 from validators.cpu_share import share_cpus
-from validators.machine_load import LoadPolicy
+from validators.machine_load import LoadPolicy, after_steady_load
 from validators.ab_result import ABResult
 from validators.speedup import CalibrationFailed, calibrate_noise_floor, measure_ab
 
@@ -82,13 +81,10 @@ class Interleaved:
 
     def _note_load(self, run: ABResult) -> None:
         """Once a run has waited out its whole wait for outside load to drop and still found it, the gate's later
-        runs start at once: a load that outlasts the wait is steady, and steady load both blocks of a pair see
-        cancels in its ratio, while uneven blocks are still run again (``validators.speedup``, "Outside load").
-        Beside a one-core busy loop every run of a gate at `tiny` on the 2-core VM waited its 60 s, and a gate of
-        ten runs took over 12 minutes."""
-        load = run.load
-        if load is not None and load.outside_before is not None and load.outside_before > load.limit_cpus:
-            self.load_policy = replace(self.load_policy or LoadPolicy(), wait_s=0.0)  # its limits kept
+        runs start at once (``validators.machine_load.after_steady_load``; ``validators.cpu_share`` does the same
+        for the wait before the first run)."""
+        if run.load is not None:
+            self.load_policy = after_steady_load(self.load_policy, run.load.outside_before)
 
     def extend(self, check: StepTimeCheck) -> str | None:
         """More A/A blocks where the floor is too wide, more A/B blocks where the interval holds a bound; or why

@@ -17,12 +17,12 @@ left as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from targets.worker_client import allowed_cpus
 from targets.worker_protocol import WorkerRequest
-from validators.machine_load import LoadMeter, LoadPolicy, snapshot, wait_for_quiet
+from validators.machine_load import LoadMeter, LoadPolicy, after_steady_load, snapshot, wait_for_quiet
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,9 @@ def share_cpus(spec: WorkerRequest, policy: LoadPolicy | None = None, progress: 
         return CpuShare(spec, policy, None)
     policy = policy or LoadPolicy()
     outside, _, waited = wait_for_quiet(LoadMeter(cpus, {}), [], policy)
-    if outside is None or outside <= policy.limit_cpus:
+    later = after_steady_load(policy, outside)
+    if later is policy:
         return CpuShare(spec, policy, None)
-    later = replace(policy, wait_s=0.0)
     threads = threads_left(len(cpus), outside)
     busy = f"other work kept {outside:.2f} of the {len(cpus)} CPUs busy after a wait of {waited:.0f} s ({who()})"
     if threads >= len(cpus):

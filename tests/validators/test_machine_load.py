@@ -16,8 +16,8 @@ from targets.worker_protocol import WorkerRequest
 from validators.ab_runner import Block
 from validators.ab_stats import block_order
 from validators.machine_load import (TICK_S, LoadMeter, LoadPolicy, LoadRecord, MachineSnapshot, ProcessLoad,
-                                     Reading, busy_ticks, gpu_busy, gpu_users, outside_cpus, pooled_load,
-                                     process_ticks, snapshot, wait_for_quiet)
+                                     Reading, after_steady_load, busy_ticks, gpu_busy, gpu_users, outside_cpus,
+                                     pooled_load, process_ticks, snapshot, wait_for_quiet)
 from targets.machine_lease import LOCK_DIR_ENV, machine_lease, run_presence, runs_present
 from validators.speedup import measure_ab, run_pairs
 
@@ -246,3 +246,12 @@ def test_a_busy_loop_on_the_measured_cpu_flags_the_pairs():
     # the scheduler split it unevenly between a pair's blocks, as pairs run again
     assert load.steady_cpus > load.limit_cpus or load.reruns >= 1
     assert result.load_note()
+
+
+def test_a_wait_outlasted_by_steady_load_drops_the_later_waits_and_keeps_the_limits():
+    mine = LoadPolicy(limit_cpus=0.3, wait_s=20.0, sample_s=0.25, reruns=2)
+    assert after_steady_load(mine, 0.2) is mine and after_steady_load(mine, None) is mine  # quiet, or not measured
+    later = after_steady_load(mine, 0.9)
+    assert later == LoadPolicy(limit_cpus=0.3, wait_s=0.0, sample_s=0.25, reruns=2)
+    assert after_steady_load(None, 0.0) is None and after_steady_load(None, 8.0).wait_s == 0.0
+
