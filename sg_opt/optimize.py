@@ -21,7 +21,7 @@ from sg_opt.ledger import TokenLedger
 from sg_opt.llm_client import check_reachable, make_client
 from sg_opt.redact import resolve_base_url
 from sg_opt import run_machine
-from sg_opt.report import write_report
+from sg_opt.report import load_state, write_report
 from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run, refuse_restart
 from sg_opt.summary import SUMMARY_FILE, Summary
 from sg_opt.summary_build import build_summary
@@ -30,7 +30,6 @@ from state_machine import events, graph
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.registry import check_proposer
 from state_machine.state import EvalPlan, Limits, RunState
-from state_machine.state_file import StateFileError, read_state
 from targets.protocol import ConfigError
 from targets.registry import resolve_target
 from validators.started_ahead import WorkerPool
@@ -251,7 +250,8 @@ def resume(run_id: str, out: str, console: Console, quiet: bool = False,
            on_another_machine: bool = False) -> tuple[RunState, Summary]:
     run_dir, request = find_run(out, run_id)
     check_checkpoint(run_dir)
-    run_machine.check_resume(run_dir, request.device, _evaluated(run_dir), on_another_machine)
+    evaluated, environment = _so_far(run_dir)
+    run_machine.check_resume(run_dir, request.device, evaluated, on_another_machine, environment)
     ctx, initial = build_context(request, run_dir, base_url)
     started = graph.has_checkpoint(ctx, run_dir, request.run_id)
     if started:
@@ -262,14 +262,14 @@ def resume(run_id: str, out: str, console: Console, quiet: bool = False,
     return _drive(ctx, None if started else initial, request, run_dir, console, quiet, pause_after_s)
 
 
-def _evaluated(run_dir: Path) -> int:
-    """Candidates the run had evaluated at its last state file (0 without a readable one: the checkpoint decides
-    the resume, this only dates a move of machine)."""
-    try:
-        saved = read_state(run_dir)
-    except StateFileError:
-        return 0
-    return saved.evaluated if saved else 0
+def _so_far(run_dir: Path) -> tuple[int, dict | None]:
+    """Candidates the run had evaluated, and its baseline's environment, from its state file or else its last
+    checkpoint (0 and None without either: the checkpoint decides the resume; these date a move of machine and,
+    for a run from before machine records, tell where it measured)."""
+    saved = load_state(run_dir)
+    if saved is None:
+        return 0, None
+    return saved.evaluated, saved.baseline.environment if saved.baseline else None
 
 
 def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,

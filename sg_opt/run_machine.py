@@ -35,10 +35,13 @@ class HostInfo(BaseModel):
 
 
 class Machine(BaseModel):
-    host: HostInfo
+    host: HostInfo | None = Field(description="None: not known (a run from before these records, known by the GPU "
+                                              "its baseline reported)")
     gpus: list[str] = Field(default_factory=list, description="the visible GPUs' models (device cuda only)")
 
     def describe(self) -> str:
+        if self.host is None:
+            return f"{', '.join(self.gpus)} (its CPU not recorded)" if self.gpus else "a machine not recorded"
         cpus = f"{self.host.cpu_count} x {self.host.cpu_model or 'an unnamed CPU'}"
         return f"{', '.join(self.gpus)} on {cpus}" if self.gpus else cpus
 
@@ -91,14 +94,26 @@ def this_machine(device: str) -> Machine:
 
 
 def difference(was: Machine, now: Machine) -> str | None:
-    """What makes ``now`` another machine than ``was``, in a phrase; None if it is the same kind of machine."""
+    """What makes ``now`` another machine than ``was``, in a phrase; None if it is the same kind of machine (as far
+    as ``was`` is known)."""
+    if was.gpus != now.gpus:
+        return f"its GPUs were {', '.join(was.gpus) or 'none'} and are {', '.join(now.gpus) or 'none'} here"
+    if was.host is None or now.host is None:
+        return None
     if was.host.cpu_model != now.host.cpu_model:
         return f"its CPU was {was.host.cpu_model!r} and is {now.host.cpu_model!r} here"
     if was.host.cpu_count != now.host.cpu_count:
         return f"it had {was.host.cpu_count} CPUs and has {now.host.cpu_count} here"
-    if was.gpus != now.gpus:
-        return f"its GPUs were {', '.join(was.gpus) or 'none'} and are {', '.join(now.gpus) or 'none'} here"
     return None
+
+
+def from_baseline(environment: dict | None) -> Machine | None:
+    """What a run made before these records says of its machine: the GPU its baseline ran on (a CPU run's
+    environment names no CPU model). None where it names none."""
+    environment = environment or {}
+    if environment.get("device", "cpu") == "cpu" or not environment.get("device_name"):
+        return None
+    return Machine(host=None, gpus=[environment["device_name"]])
 
 
 def read(run_dir: Path) -> MachineRecord | None:
@@ -117,13 +132,19 @@ def record_start(run_dir: Path, device: str) -> None:
     _write(run_dir, MachineRecord(started_on=this_machine(device)))
 
 
-def check_resume(run_dir: Path, device: str, evaluated: int, allow_move: bool) -> None:
+def check_resume(run_dir: Path, device: str, evaluated: int, allow_move: bool,
+                 baseline_environment: dict | None = None) -> None:
     """Before a resume: ConfigError (one sentence) if this machine is not the one the run last measured on and
-    ``allow_move`` is off; with it on, the move is recorded. A run without a record gets one from here on."""
+    ``allow_move`` is off; with it on, the move is recorded. A run without a record is known by the GPU its
+    baseline ran on (``from_baseline``: an H200 run of 2026-12-04 resumed on an H100 before this, unrefused), and
+    gets a record from here on."""
     now, record = this_machine(device), read(run_dir)
     if record is None:
-        _write(run_dir, MachineRecord(started_on=now))
-        return
+        was = from_baseline(baseline_environment)
+        if was is None or not now.gpus or set(was.gpus) <= set(now.gpus):
+            _write(run_dir, MachineRecord(started_on=now))
+            return
+        record = MachineRecord(started_on=was)
     what = difference(record.latest(), now)
     if what is None:
         return

@@ -76,6 +76,30 @@ def test_a_run_from_before_the_record_gets_one_at_its_next_resume(tmp_path):
     assert isinstance(run_machine.read(tmp_path), MachineRecord)
 
 
+def test_a_run_from_before_the_record_is_known_by_its_baselines_gpu(tmp_path, monkeypatch):
+    """An H200 run made before machine records, resumed on an H100: refused, or recorded as a move with
+    --on-another-machine; on the same GPU model it gets a record as any other."""
+    h100 = Machine(host=HostInfo(cpu_model="Xeon", cpu_count=16), gpus=["NVIDIA H100 80GB HBM3"])
+    monkeypatch.setattr(run_machine, "this_machine", lambda device: h100)
+    h200_baseline = {"device": "cuda", "device_name": "NVIDIA H200", "threads": 16}
+    with pytest.raises(ConfigError, match="NVIDIA H200.*--on-another-machine"):
+        run_machine.check_resume(tmp_path, "cuda", 35, False, h200_baseline)
+    assert run_machine.read(tmp_path) is None  # a refusal writes nothing
+    run_machine.check_resume(tmp_path, "cuda", 35, True, h200_baseline)
+    record = run_machine.read(tmp_path)
+    assert record.started_on == Machine(host=None, gpus=["NVIDIA H200"]) and record.latest() == h100
+    (note,) = run_machine.move_notes(tmp_path)
+    assert "after 35 candidates" in note and "NVIDIA H200 (its CPU not recorded)" in note
+    same = tmp_path / "same"
+    same.mkdir()
+    run_machine.check_resume(same, "cuda", 35, False, {**h200_baseline, "device_name": "NVIDIA H100 80GB HBM3"})
+    assert run_machine.read(same) == MachineRecord(started_on=h100)
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    run_machine.check_resume(cpu, "cuda", 3, False, {"device": "cpu", "device_name": "cpu"})  # names no GPU
+    assert run_machine.read(cpu).started_on == h100
+
+
 @pytest.mark.slow
 def test_optimize_refuses_a_resume_on_another_machine_and_reports_an_allowed_one(tmp_path):
     """The console command as a user runs it: a run paused at a checkpoint, its record altered to another CPU;
