@@ -70,7 +70,6 @@ def gate_against_baseline(path: str, options: GateOptions, progress: Progress = 
                        environment=bench.environment)
 
 
-
 def _this_cpu(saved: saved_baseline.SavedBaseline) -> Environment | None:
     """This machine's environment where it is known without a worker (CPU runs), else None."""
     if saved.request.device != "cpu":

@@ -14,11 +14,11 @@ from sg_opt.gate import (GateOptions, GateResult, GateSetupError, Progress, Step
 from sg_opt.gate_checkout import ref_checkout, resolve_ref
 from targets.worker_client import run_worker
 from targets.worker_protocol import WorkerRequest, WorkerResult
+from validators.ab_result import ABResult
 from validators.ab_stats import decide, floor_from
 from validators.confirmation import pooled
 from validators.cpu_share import share_cpus
 from validators.machine_load import LoadPolicy, after_steady_load
-from validators.ab_result import ABResult
 from validators.speedup import CalibrationFailed, calibrate_noise_floor, measure_ab
 
 
@@ -29,7 +29,6 @@ def _numerics_pair(spec: WorkerRequest, steps: int, roots: tuple[str | None, str
     with ThreadPoolExecutor(2) as pool:
         a, b = (pool.submit(run_worker, request, timeout_s, None, root) for root in roots)
         return a.result(), b.result()
-
 
 
 class Interleaved:
@@ -124,7 +123,6 @@ class Interleaved:
         if ab.failure.message.startswith(f"{self.labels[0]}:"):
             raise GateSetupError(f"the target cannot be timed at {self.labels[0]}: {ab.failure.message}")
         return failed_timing(ab.failure, self.floor, self.floor_source, self.options)
-
 
 
 def gate_against_ref(spec: WorkerRequest, rev: str, options: GateOptions, progress: Progress = lambda _: None,

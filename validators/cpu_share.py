@@ -5,7 +5,8 @@ its slowest thread. Beside a steady neighbour (a busy loop, another job) three r
 CPUs, a preempted thread stalls the whole op, and block medians spread: beside a one-core busy loop on the
 2-core VM (2026-12-06) the gate's A/A noise floor at `tiny` reached 10.0% after three extensions, twice its 5%
 budget, and it could tell neither a no-op nor a 15% slowdown. On the CPU the loop left (one thread), ten gates
-failed a 15% slowdown ten times and passed a no-op eight times (two inconclusive), with floors of 2.0-6.3%.
+failed a 15% slowdown ten times and ten passed a no-op, its floors 1.4-5.0% (2026-12-06,
+``benchmarks/gate_reliability.py``).
 
 So before the first timed block, a measurement whose request leaves the thread count open waits for the
 outside load to drop (``validators.machine_load.wait_for_quiet``) and, where a steady load outlasts the wait,

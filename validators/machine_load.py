@@ -190,10 +190,10 @@ def after_steady_load(policy: LoadPolicy | None, outside: float | None) -> LoadP
     outlasted the wait (a steady load, which both blocks of a pair see and whose ratio it cancels, while uneven
     blocks are still run again), else ``policy`` unchanged. Beside a one-core busy loop every run of a gate at
     `tiny` on the 2-core VM waited its 60 s, and a gate of ten runs took over 12 minutes."""
-    limit = (policy or LoadPolicy()).limit_cpus
-    if outside is None or outside <= limit:
+    given = policy or LoadPolicy()
+    if outside is None or outside <= given.limit_cpus:
         return policy
-    return replace(policy or LoadPolicy(), wait_s=0.0)  # its limits kept
+    return replace(given, wait_s=0.0)  # its limits kept
 
 
 def wait_for_quiet(meter: LoadMeter, gpus: Sequence[str], policy: LoadPolicy,

@@ -17,10 +17,10 @@ from sg_opt.gate import (INCONCLUSIVE_EXIT, MAX_REGRESSION, GateOptions, GateRes
                          holds_a_bound, judge_step_time, outcome, step_verdict, until_clear)
 from sg_opt.gate_side_by_side import Interleaved
 from targets.worker_client import scrubbed_env
-from targets.worker_protocol import Environment, WorkerRequest
+from targets.worker_protocol import Environment
 from validators.ab_stats import bootstrap_ratio_ci, floor_from
 from validators.confirmation import pooled
-from tests.fixtures.ab_results import measured
+from tests.fixtures.ab_results import SPEC, measured
 from validators.ab_result import ABResult, NoiseFloor
 
 runner = CliRunner()
@@ -106,9 +106,6 @@ def test_outcome_and_exit_code():
 
 
 # -- the extension, on canned measurements ---------------------------------------------------------
-
-SPEC = WorkerRequest(target="gate_target:target", size="tiny", mode="bench")
-
 
 def canned(monkeypatch, aa: list[ABResult], ab: list[ABResult]) -> dict[str, int]:
     """measure_ab and calibrate_noise_floor as the gate calls them, answering from the lists; the calls counted."""
