@@ -20,7 +20,6 @@ from state_machine.state import FinalMeasurement, Recalibration
 
 SUMMARY_SCHEMA_VERSION = 2
 SUMMARY_FILE = "summary.json"
-BOOTSTRAP_RESAMPLES = 2000
 
 
 class CandidateRow(BaseModel):

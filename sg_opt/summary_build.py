@@ -13,13 +13,15 @@ from profilers.floor import floor_sentence
 from profilers.records import ProfileResult
 from sg_opt import run_machine
 from sg_opt.ledger import TokenLedger, Total as Spend
-from sg_opt.summary import (BOOTSTRAP_RESAMPLES, CandidateRow, LLMCall, NumericsVerdict, PhaseBreakdown, Roofline,
-                            RooflinePoint, StepTime, Summary, WorkerStartup)
+from sg_opt.summary import (CandidateRow, LLMCall, NumericsVerdict, PhaseBreakdown, Roofline, RooflinePoint, StepTime,
+                            Summary, WorkerStartup)
 from state_machine import events
 from state_machine.events import read_events
 from state_machine.state import Evaluated, RunState, Verdict
 from targets.confinement import Confinement
 from validators.ab_result import ABResult, NoiseFloor
+
+BOOTSTRAP_RESAMPLES = 2000  # the step times' medians and their intervals (median_with_interval)
 
 
 def _decided_at(run_dir: Path) -> dict[int, float]:
