@@ -35,8 +35,10 @@ worker_checks() {  # the worker checks (see the header); their switches exported
 }
 
 timed() {  # timed DIR NAME LIMIT_S COMMAND...: COMMAND's output in $OUT/DIR/NAME.txt; its rc, seconds and last line
+    # SKIP (names, space-separated) leaves steps out: the rest of a part that an earlier call began
     local dir=$1 name=$2 limit=$3 start
     shift 3
+    if [[ " ${SKIP:-} " == *" $name "* ]]; then echo "$name: skipped (SKIP)"; return 0; fi
     start=$(date +%s)
     timeout "$limit" "$@" > "$OUT/$dir/$name.txt" 2>&1
     echo "$name: rc $? in $(( $(date +%s) - start )) s; $(tail -1 "$OUT/$dir/$name.txt")"

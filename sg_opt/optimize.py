@@ -7,10 +7,12 @@ input is checked here before the first worker starts, so a mistake costs a secon
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -26,7 +28,7 @@ from sg_opt.run_store import RunRequest, check_checkpoint, create_run, find_run,
 from sg_opt.summary import SUMMARY_FILE, Summary
 from sg_opt.summary_build import build_summary
 from sg_opt.tiers import load_tiers
-from state_machine import events, graph
+from state_machine import compaction, events, graph
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.proposers.registry import check_proposer
 from state_machine.state import EvalPlan, Limits, RunState
@@ -275,10 +277,11 @@ def _so_far(run_dir: Path) -> tuple[int, dict | None]:
 def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir: Path, console: Console,
            quiet: bool, pause_after_s: float | None = None) -> tuple[RunState, Summary]:
     """Run the graph to its report, or until ``pause_after_s`` leaves no room for its next node (graph.Paused);
-    however it ends, the workers started ahead that no measurement came to are killed (``ctx.pool``)."""
+    however it ends, the workers started ahead that no measurement came to are killed (``ctx.pool``), and the
+    checkpoints no resume reads are dropped (``compaction``)."""
     if pause_after_s is not None:
         ctx.pause_at = time.monotonic() + pause_after_s
-    with ctx.pool:
+    with ctx.pool, _compacted(run_dir, request.run_id):
         if quiet:
             final = graph.run(ctx, state, run_dir, request.run_id)
         else:
@@ -288,3 +291,14 @@ def _drive(ctx: RunContext, state: RunState | None, request: RunRequest, run_dir
                 final = graph.run(ctx, state, run_dir, request.run_id, on_update=view.on_update)
     written = run_dir / SUMMARY_FILE  # the report node wrote it from the same final state
     return final, (Summary.model_validate_json(written.read_text()) if written.is_file() else build_summary(final))
+
+
+@contextlib.contextmanager
+def _compacted(run_dir: Path, run_id: str) -> Iterator[None]:
+    """On the way out, however the invocation ends: a checkpoint file that cannot be compacted (locked, damaged)
+    stays as it was, whole, since the deletion is one transaction."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            compaction.compact(run_dir, run_id)

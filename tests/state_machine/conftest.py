@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import tarfile
+from pathlib import Path
+
 import pytest
 
 from state_machine.context import ProposerPolicy, RunContext
 from state_machine.state import RunState
 from targets.registry import resolve_target
+from tests.fixtures.old_run import OLD_RUN, OLD_RUN_ID
 
 
 @pytest.fixture
@@ -17,3 +21,10 @@ def ctx():
 @pytest.fixture
 def state(tmp_path):
     return RunState(run_id="t", run_dir=str(tmp_path), target="haste-rec", size="tiny")
+
+
+@pytest.fixture
+def old_run(tmp_path) -> Path:
+    with tarfile.open(OLD_RUN) as archive:
+        archive.extractall(tmp_path, filter="data")
+    return tmp_path / OLD_RUN_ID

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -98,6 +99,8 @@ def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_end_
     assert len(paused) == 2 and paused[1]["node"] not in ("setup", "baseline"), paused
     assert "--pause-after" in paused[1]["reason"]
     assert not (run_dir / "summary.json").exists()
+    with sqlite3.connect(run_dir / "checkpoints.sqlite") as conn:  # compacted at the pause: what a resume reads
+        assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] <= 4
     done = optimize("--resume", run_dir.name, "--json", out=tmp_path)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,8 @@ from state_machine.state import (Baseline, Candidate, FinalMeasurement, InFlight
                                  Verdict)
 from state_machine.state_file import STATE_FILE, read_saved, read_state, write_state
 from targets.registry import resolve_target
+from tests.fixtures.old_run import OLD_RUN_ID
 
-# A run of 2026-12-03 (the `xl` TPE oracle, docs/results/README.md) as its run.tgz kept it: checkpointed after the
-# check node of candidate #3, with the candidate in flight in the flat fields of state schema 1.
-OLD_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_before_in_flight.tgz"
-OLD_RUN_ID = "20261203-163144-haste-rec-xl-offline-tpe"
 
 
 def cand(cid: int = 1, **kw) -> Candidate:
@@ -126,13 +122,6 @@ def test_the_graph_writes_state_json_after_each_checkpoint(tmp_path, monkeypatch
     assert read_saved(tmp_path).next == [] and read_state(tmp_path) == final and len(final.history) == 3
     assert json.loads((tmp_path / STATE_FILE).read_text())["state"]["baseline"]["numerics_file"] == \
         "baseline/numerics.json"
-
-
-@pytest.fixture
-def old_run(tmp_path) -> Path:
-    with tarfile.open(OLD_RUN) as archive:
-        archive.extractall(tmp_path, filter="data")
-    return tmp_path / OLD_RUN_ID
 
 
 def test_a_run_directory_from_before_state_files_is_reported_from_its_checkpoint_once(old_run):

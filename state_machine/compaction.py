@@ -1,0 +1,60 @@
+"""Drop the checkpoints a resume never reads, so that a run directory stays small enough to carry and keep.
+
+LangGraph's SQLite saver keeps every node's checkpoint, each a whole ``RunState``: a run of 100 candidates held
+7 MB of them compressed, nearly all superseded. A resume reads the last checkpoint and its pending writes, and
+``graph._rewrite`` walks back from it through the updates that left the next node unchanged to the checkpoint
+before them (whose task names the node that wrote it). Those are kept; every older one goes. The graph has no
+delta channels, so no kept checkpoint needs an ancestor to be rebuilt. ``state.json`` is untouched, and is
+what reports read.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from state_machine.graph import CHECKPOINT_FILE, open_checkpointer, thread
+
+
+def needed_checkpoints(run_dir: str | Path, run_id: str) -> list[str]:
+    """The ids of the checkpoints a resume or a rewrite of ``run_id`` can read, newest first ([]: none saved)."""
+    saver = open_checkpointer(run_dir)
+    try:
+        by_id = {t.config["configurable"]["checkpoint_id"]: t for t in saver.list(thread(run_id))}
+    finally:
+        saver.conn.close()
+    newest = max(by_id, default=None)  # ids are time-ordered (uuid6)
+    kept: list[str] = []
+    current = by_id.get(newest)
+    while current is not None:
+        kept.append(current.config["configurable"]["checkpoint_id"])
+        parent = current.parent_config and by_id.get(current.parent_config["configurable"]["checkpoint_id"])
+        if current.metadata.get("source") != "update":
+            if parent:  # a node's own checkpoint: the one before it names that node as its task
+                kept.append(parent.config["configurable"]["checkpoint_id"])
+            break
+        current = parent
+    return kept
+
+
+def compact(run_dir: str | Path, run_id: str) -> tuple[int, int]:
+    """Delete every checkpoint of ``run_id`` but those ``needed_checkpoints`` names, with their writes, and shrink
+    the file; (checkpoints before, after). One transaction: an error leaves the file as it was."""
+    path = Path(run_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        return 0, 0
+    kept = needed_checkpoints(run_dir, run_id)
+    conn = sqlite3.connect(str(path))
+    try:
+        before = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (run_id,)).fetchone()[0]
+        if not kept or before == len(kept):
+            return before, before
+        marks = ",".join("?" * len(kept))
+        with conn:
+            for table in ("checkpoints", "writes"):
+                conn.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_id NOT IN ({marks})",
+                             (run_id, *kept))
+        conn.execute("VACUUM")
+        return before, len(kept)
+    finally:
+        conn.close()
