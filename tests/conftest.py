@@ -14,6 +14,9 @@ import torch
 
 # A test's measurement does not wait for a busy machine to calm down (the suite itself keeps it busy).
 os.environ.setdefault("SG_OPT_QUIET_WAIT_S", "0")
+# Wide enough that no message the tests read is wrapped, however long the temporary folder's path; set once for the
+# whole session, since every change of the workers' environment starts a fork server anew (seconds of torch imports).
+os.environ.setdefault("COLUMNS", "300")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

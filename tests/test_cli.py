@@ -39,7 +39,7 @@ def test_targets_json_lists_knobs_with_reasons():
 
 
 def test_targets_table():
-    result = runner.invoke(app, ["targets"], env={"COLUMNS": "160"})
+    result = runner.invoke(app, ["targets"])
     assert result.exit_code == 0, result.output
     for word in ("embedding_placement", "embedding_opt_state_cache_fraction", "precision", "sizes: tiny"):
         assert word in result.stdout
@@ -106,7 +106,7 @@ def test_bench_on_two_ranks_prints_the_slowest_ranks_step_times(monkeypatch):
                                                       "torch.distributed job (--ranks); there it takes false"),
 ])
 def test_bench_bad_ranks_is_one_sentence_exit_2(args, words):
-    result = runner.invoke(app, ["bench", "--size", "tiny", *args], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["bench", "--size", "tiny", *args])
     assert result.exit_code == 2, result.output
     assert words in result.output and "Traceback" not in result.output
 

@@ -57,7 +57,7 @@ def test_every_rank_is_profiled_and_the_slowest_is_the_main_profile(tmp_path):
 
 def test_profile_on_ranks_needs_a_target_that_runs_on_ranks():
     result = CliRunner().invoke(app, ["profile", "--size", "tiny", "--ranks", "2", "--target",
-                                      "tests.fixtures.faulty_target:target"], env={"COLUMNS": "200"})
+                                      "tests.fixtures.faulty_target:target"])
     assert result.exit_code == 2 and "runs on one process only" in result.output, result.output
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from profilers.records import ProfileResult
 from sg_opt import __version__
 from sg_opt.cli import app
+from sg_opt.cli_common import console
 from sg_opt.profile_view import render
 
 runner = CliRunner()
@@ -101,8 +102,9 @@ def test_quiet_drops_the_progress_lines_and_keeps_the_error(broken_module):
     assert result.exit_code == 2 and "error:" in result.output and "benchmarking" not in result.output
 
 
-def test_the_knob_table_keeps_every_column_at_80_columns():
-    result = runner.invoke(app, ["targets"], env={"COLUMNS": "80"})
+def test_the_knob_table_keeps_every_column_at_80_columns(monkeypatch):
+    monkeypatch.setattr(console, "_width", 80)  # as COLUMNS=80 gives a console made under it
+    result = runner.invoke(app, ["targets"])
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
     for words in ("data_workers", "= 0", "0 | 1 | 2 | 4", "[exact]", "overlap batch building"):

@@ -192,7 +192,7 @@ def test_a_final_measurement_that_times_out_is_retried_reported_and_redone_on_re
         bound.arguments["timeout_s"] = 0.01
         return measure_ab(*bound.args, **bound.kwargs)
     monkeypatch.setattr(nodes, "measure_ab", timing_out)
-    failed = runner.invoke(app, ["optimize", "--resume", str(finished_run)], env={"COLUMNS": "300"})
+    failed = runner.invoke(app, ["optimize", "--resume", str(finished_run)])
     assert failed.exit_code == 1, failed.output
     assert "failed twice (timeout" in failed.output and "--resume" in failed.output and len(calls) == 2
     summary = json.loads((finished_run / "summary.json").read_text())
@@ -200,7 +200,7 @@ def test_a_final_measurement_that_times_out_is_retried_reported_and_redone_on_re
     assert "failed twice" in summary["final"]["note"] and "failed twice" in (finished_run / "report.md").read_text()
     assert "final-retry" in (finished_run / "events.jsonl").read_text()
     monkeypatch.setattr(nodes, "measure_ab", measure_ab)
-    done = runner.invoke(app, ["optimize", "--resume", str(finished_run)], env={"COLUMNS": "300"})
+    done = runner.invoke(app, ["optimize", "--resume", str(finished_run)])
     assert done.exit_code == 0, done.output
     assert "best: x" in done.output, done.output
     assert json.loads((finished_run / "summary.json").read_text())["final"]["ratio"]

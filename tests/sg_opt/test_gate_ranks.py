@@ -54,7 +54,7 @@ def saved_on(ranks: int, path) -> str:
 def test_a_baseline_of_another_number_of_ranks_is_refused_in_one_sentence(tmp_path):
     file = saved_on(2, tmp_path / "base.json")
     assert saved_baseline.load(file).ranks == 2
-    result = runner.invoke(app, ["gate", "--baseline", file, "--ranks", "1"], env={"COLUMNS": "300"})
+    result = runner.invoke(app, ["gate", "--baseline", file, "--ranks", "1"])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert ("the baseline was measured on 2 ranks and this gate asks for 1 rank, which cannot be compared: save a "
             "baseline with sg-opt bench --ranks 1 --save FILE") in result.output
