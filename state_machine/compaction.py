@@ -17,24 +17,23 @@ from state_machine.graph import CHECKPOINT_FILE, open_checkpointer, thread
 
 
 def needed_checkpoints(run_dir: str | Path, run_id: str) -> list[str]:
-    """The ids of the checkpoints a resume or a rewrite of ``run_id`` can read, newest first ([]: none saved)."""
+    """The ids of the checkpoints a resume or a rewrite of ``run_id`` can read, newest first ([]: none saved). Only
+    those are loaded: a long run holds hundreds, each a whole state."""
     saver = open_checkpointer(run_dir)
     try:
-        by_id = {t.config["configurable"]["checkpoint_id"]: t for t in saver.list(thread(run_id))}
+        kept: list[str] = []
+        current = saver.get_tuple(thread(run_id))  # the last one
+        while current is not None:
+            kept.append(current.config["configurable"]["checkpoint_id"])
+            parent = saver.get_tuple(current.parent_config) if current.parent_config else None
+            if current.metadata.get("source") != "update":
+                if parent is not None:  # a node's own checkpoint: the one before it names that node as its task
+                    kept.append(parent.config["configurable"]["checkpoint_id"])
+                break
+            current = parent
+        return kept
     finally:
         saver.conn.close()
-    newest = max(by_id, default=None)  # ids are time-ordered (uuid6)
-    kept: list[str] = []
-    current = by_id.get(newest)
-    while current is not None:
-        kept.append(current.config["configurable"]["checkpoint_id"])
-        parent = current.parent_config and by_id.get(current.parent_config["configurable"]["checkpoint_id"])
-        if current.metadata.get("source") != "update":
-            if parent:  # a node's own checkpoint: the one before it names that node as its task
-                kept.append(parent.config["configurable"]["checkpoint_id"])
-            break
-        current = parent
-    return kept
 
 
 def compact(run_dir: str | Path, run_id: str) -> tuple[int, int]:
@@ -55,6 +54,7 @@ def compact(run_dir: str | Path, run_id: str) -> tuple[int, int]:
                 conn.execute(f"DELETE FROM {table} WHERE thread_id = ? AND checkpoint_id NOT IN ({marks})",
                              (run_id, *kept))
         conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the saver's WAL journal: the file shrinks now, not later
         return before, len(kept)
     finally:
         conn.close()

@@ -3,6 +3,7 @@ the whole one is."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 
@@ -14,7 +15,7 @@ from tests.fixtures.old_run import OLD_RUN_ID
 
 
 def checkpoints(run_dir) -> int:
-    with sqlite3.connect(run_dir / graph.CHECKPOINT_FILE) as conn:
+    with contextlib.closing(sqlite3.connect(run_dir / graph.CHECKPOINT_FILE)) as conn:
         return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
 
 
