@@ -26,6 +26,7 @@ from pathlib import Path
 from sg_opt.report_text import (NO_ROOFLINE, best_config_toml, estimate_rows, floor_columns, floor_notes, floor_text,
                                 host_line, machine_rows, numerics_line, over_floor_text, ratio_text, result_line,
                                 spend_line, status_line, step_ms_text, step_text, time_line, verdict_text)
+from sg_opt.run_store import CHECKPOINT_FILE, REQUEST_FILE
 from sg_opt.summary import SUMMARY_FILE, SUMMARY_SCHEMA_VERSION, Summary
 from sg_opt.summary_build import build_summary
 from state_machine.portable import portable
@@ -37,8 +38,6 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 BEST_CONFIG = "best_config.toml"
 BEST_KERNELS = "best_kernels"
-REQUEST_FILE = "run.json"
-CHECKPOINT_FILE = "checkpoints.sqlite"
 
 
 # ----------------------------------------------------------------------------- the files
