@@ -34,11 +34,22 @@ def _stop(signum: int, _frame) -> None:
     raise Stopped(signum)
 
 
+def _command(argv: list[str]) -> str | None:
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def measuring(argv: list[str]) -> bool:
     """Whether the command measures on this machine (``MEASURING``): it then holds the presence lock for its life,
     so another run's measurements know they share the machine (``targets.machine_lease.run_presence``)."""
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    return command in MEASURING
+    return _command(argv) in MEASURING
+
+
+def stop_message(signum: int, argv: list[str]) -> str:
+    """What a stopped command says: only `optimize` keeps a checkpoint to resume from; the others start over."""
+    text = f"stopped by {signal.Signals(signum).name}"
+    if _command(argv) == "optimize":
+        text += " (the run resumes from its last checkpoint with --resume)"
+    return text
 
 
 def main() -> None:
@@ -49,8 +60,7 @@ def main() -> None:
         with run_presence() if measuring(sys.argv[1:]) else contextlib.nullcontext():
             app()
     except Stopped as stop:
-        name = signal.Signals(stop.args[0]).name
-        err_console.print(f"stopped by {name} (a run resumes from its last checkpoint with --resume)")
+        err_console.print(stop_message(stop.args[0], sys.argv[1:]))
         sys.exit(128 + stop.args[0])
 
 

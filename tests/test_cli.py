@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 import sg_opt.bench
-from sg_opt.cli import app
+from sg_opt.cli import app, stop_message
 from sg_opt.cli_common import console
 from targets.registry import entry_point_targets
 from targets.worker_client import descendants, kill_tree, parent_of, run_worker
@@ -275,8 +275,18 @@ def test_a_command_stopped_by_a_signal_kills_its_worker_and_says_where_it_was():
         err = errs[signum]
         assert proc.returncode == 128 + getattr(signal, signum), err
         assert f"stopped by {signum}" in err and "where it was" in err and "in _misbehave" in err
+        assert "--resume" not in err  # a bench starts over; only optimize keeps a checkpoint
     left = [pid for pids in below.values() for pid in pids]
     deadline = time.monotonic() + 15
     while any(Path(f"/proc/{pid}").exists() for pid in left) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in left if Path(f"/proc/{pid}").exists()]
+
+
+def test_only_a_stopped_optimize_is_told_to_resume():
+    """`gate`, `bench` and `profile` keep no checkpoint: telling their user to --resume sends them to an option the
+    command does not have."""
+    assert stop_message(signal.SIGTERM, ["optimize", "--size", "tiny"]) == (
+        "stopped by SIGTERM (the run resumes from its last checkpoint with --resume)")
+    for argv in (["gate", "--size", "tiny"], ["bench"], ["--help"], []):
+        assert stop_message(signal.SIGINT, argv) == "stopped by SIGINT"
