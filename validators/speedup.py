@@ -103,6 +103,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -260,10 +261,14 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 except LeaseTimeout as exc:
                     record.unlocked = str(exc)
             gpus = [key.split(":", 1)[1] for key in keys if key.startswith("cuda:")]
-            record.before = snapshot(gpus)
-            record.beside_runs = len(other_runs())
-            record.outside_before, record.gpu_before, record.waited_s = wait_for_quiet(runner.meter, gpus,
-                                                                                       load_policy)
+            # who keeps the machine busy, counted over the same stretch as the first load sample (both only read
+            # /proc): one after the other they idled 0.75 s before every measurement's blocks
+            with ThreadPoolExecutor(1, thread_name_prefix="snapshot") as beside:
+                before = beside.submit(snapshot, gpus)
+                record.beside_runs = len(other_runs())
+                record.outside_before, record.gpu_before, record.waited_s = wait_for_quiet(runner.meter, gpus,
+                                                                                           load_policy)
+                record.before = before.result()
             record.counted = record.outside_before is not None
             runner.deadline += time.monotonic() - paused  # the waits are not the workers' time
             # settle: the first block after warm-up pays first-touch costs; it also tells the sides' speeds

@@ -55,6 +55,9 @@ def optimize(
     blocks: int = typer.Option(6, min=2, help="interleaved timed blocks per side in each A/B measurement"),
     final_blocks: int = typer.Option(20, "--final-blocks", min=2, help="blocks per side of the final "
                                      "baseline-against-best measurement, at least --blocks (20: as bench --vs)"),
+    final_pairs: int = typer.Option(3, "--final-pairs", min=1, help="fresh worker pairs the final measurement's "
+                                    "blocks are spread over and pooled (identical workers differ by offsets of "
+                                    "their own; each pair costs a worker start a side)"),
     aa_runs: int = typer.Option(2, "--aa-runs", min=1, help="A/A runs that set the noise floor (the floor is "
                                 "the worst of them)"),
     aa_blocks: int = typer.Option(40, "--aa-blocks", min=2, help="blocks per side of each A/A run that sets the "
@@ -90,7 +93,8 @@ def optimize(
                 raise ConfigError(f"{odd[0]} must be even, so that each side runs first equally often")
             overrides = inputs(target, size, config, set_, data, ranks)
             fixed_blocks = {"block_steps": block_steps, "block_seconds": 0.0} if block_steps else {}
-            plan = {"blocks": blocks, "final_blocks": final_blocks, "aa_repeats": aa_runs, "aa_blocks": aa_blocks,
+            plan = {"blocks": blocks, "final_blocks": final_blocks, "final_pairs": final_pairs,
+                    "aa_repeats": aa_runs, "aa_blocks": aa_blocks,
                     "timeout_s": timeout, "min_timeout_s": min(60.0, timeout), "recalibrate_after": recalibrate_after,
                     **fixed_blocks}
             run_id = new_run_id(target, size, f"{tier}-tpe" if search == "tpe" else tier)

@@ -88,7 +88,8 @@ def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_end_
     little time it was given; resumed, it redoes nothing (one baseline) and ends as an unsplit run would: the
     dense embedding gradient's fix found and kept, a rejection explained, a report written. (One run checks both
     halves: each haste-rec run here costs a CI half-minute.)"""
-    args = ("--target", "haste-rec", "--size", "tiny", "--max-iters", "2", *quick_measurement(block_steps=5))
+    args = ("--target", "haste-rec", "--size", "tiny", "--max-iters", "2",
+            *quick_measurement(block_steps=5, final_pairs=3))  # the default's pooling over fresh pairs, end to end
     first = optimize(*args, "--pause-after", "0", out=tmp_path)
     assert first.returncode == 3, first.stderr
     run_dir = only_run(tmp_path)
@@ -117,6 +118,7 @@ def test_a_run_split_by_pause_after_pauses_between_nodes_and_resumes_to_the_end_
     for name in ("report.md", "summary.json", "best_config.toml", "ledger.jsonl", "checkpoints.sqlite"):
         assert (run_dir / name).exists(), name
     assert 'embedding_grad_mode = "fused"' in (run_dir / "best_config.toml").read_text()
+    assert json.loads((run_dir / "final_ab.json").read_text())["pools"] == 3  # the final's three fresh pairs
 
 
 def test_bad_input_gets_one_sentence_and_exit_2(tmp_path, monkeypatch):
