@@ -43,9 +43,10 @@ def events(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_killed_run_resumes_and_each_failing_candidate_costs_one_rejection(tmp_path):
     """Kill -9 mid-run, resume: no accepted result is lost, at most the candidate in flight is redone,
-    and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection."""
+    and the candidates that segfault, abort, hang, OOM or turn NaN are each one rejection. (The hang costs the
+    whole --timeout; this target's measurements take under 2 s each, beside a one-core busy loop too.)"""
     cmd = [sys.executable, "-m", "sg_opt.cli", "optimize", "--out", str(tmp_path), "--threads", "1", "--target",
-           AGENT_TARGET, "--size", "tiny", "--timeout", "20", "--max-iters", "6", *quick_measurement(),
+           AGENT_TARGET, "--size", "tiny", "--timeout", "12", "--max-iters", "6", *quick_measurement(),
            "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
