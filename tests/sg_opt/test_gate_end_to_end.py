@@ -20,9 +20,11 @@ from tests.fixtures.gate_repo import (FIXTURE, MODULE, OTHER_MATH, SLOWER, TARGE
                                       worktrees)
 
 # The copy's slow loader sleeps 15 ms a step and its batch is cut to 64 rows, so the step is mostly a
-# sleep: a short measurement stays steady on a busy machine (the gate's logic is under test, not torch).
+# sleep: a short measurement stays steady on a busy machine (the gate's logic is under test, not torch). Blocks of
+# 0.15 s, not the default 0.5: an unchanged tree's gate then took 19 s instead of 43, with floors of 1% and
+# intervals within 1.2% of 1, beside a one-core busy loop too (2-core VM, 2026-12-07).
 SHORT = ["--target", TARGET, "--size", "tiny", "--threads", "1", "--blocks", "4", "--block-steps", "3",
-         "--warmup", "2", "--numerics-steps", "4", "--timeout", "120"]
+         "--block-seconds", "0.15", "--warmup", "2", "--numerics-steps", "4", "--timeout", "120"]
 
 runner = CliRunner()
 
