@@ -23,11 +23,11 @@ runner = CliRunner()
 @pytest.mark.slow
 def test_a_gate_on_two_ranks_runs_both_sides_on_two_ranks(repo):
     # haste-rec comes from the installed package on both sides; the gate's logic and its ranks are under
-    # test. A wide --floor and --max-regression keep noise from failing it (and let its blocks be short): the
-    # numerics must still hold.
+    # test. A wide --floor and --max-regression keep noise from failing it (and let its blocks be short, and one
+    # A/A and one A/B run do: each is a pair of 2-rank jobs): the numerics must still hold.
     result = runner.invoke(app, ["gate", "--ref", "HEAD", "--target", "haste-rec", "--size", "tiny", "--ranks", "2",
                                  "--blocks", "2", "--block-steps", "2", "--block-seconds", "0.1", "--warmup", "1",
-                                 "--numerics-steps", "3",
+                                 "--numerics-steps", "3", "--aa-runs", "1", "--ab-runs", "1",
                                  "--floor", "0.5", "--max-regression", "10", "--timeout", "120", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
