@@ -14,6 +14,9 @@ import torch
 
 # A test's measurement does not wait for a busy machine to calm down (the suite itself keeps it busy).
 os.environ.setdefault("SG_OPT_QUIET_WAIT_S", "0")
+# Nor does it read that load for half a second first: with no wait, the reading is only recorded (0.1 s still tells
+# a busy loop of one CPU from a quiet machine, as test_machine_load checks), and a suite makes hundreds of them.
+os.environ.setdefault("SG_OPT_LOAD_SAMPLE_S", "0.1")
 # Wide enough that no message the tests read is wrapped, however long the temporary folder's path; set once for the
 # whole session, since every change of the workers' environment starts a fork server anew (seconds of torch imports).
 os.environ.setdefault("COLUMNS", "300")

@@ -150,6 +150,7 @@ class LoadMeter:
 
 
 QUIET_WAIT_ENV = "SG_OPT_QUIET_WAIT_S"  # the default wait for outside load to drop (a test suite may set 0)
+SAMPLE_ENV = "SG_OPT_LOAD_SAMPLE_S"  # the stretch one reading before the blocks covers (a test suite may shorten it)
 
 
 LOAD_LIMIT_ENV = "SG_OPT_LOAD_LIMIT_CPUS"  # the outside load a block may see (a user's knowingly busy machine)
@@ -167,6 +168,10 @@ def _quiet_wait_s() -> float:
     return _env_number(QUIET_WAIT_ENV, 60, "seconds")
 
 
+def _sample_s() -> float:
+    return _env_number(SAMPLE_ENV, 0.5, "seconds")
+
+
 def _limit_cpus() -> float:
     """The outside load a block may see before it counts as loaded: ``LIMIT_CPUS`` unless the user set
     ``$SG_OPT_LOAD_LIMIT_CPUS``; whatever it is, each result records it (``LoadRecord.limit_cpus``)."""
@@ -177,11 +182,13 @@ def _limit_cpus() -> float:
 class LoadPolicy:
     """How ``measure_ab`` treats outside load: blocks loaded past `limit_cpus` are run again (at most `reruns`
     pairs; None: as many as the measurement has pairs), and before the blocks it waits up to `wait_s` (default
-    ``$SG_OPT_QUIET_WAIT_S``, else 60 s) for the load to drop, sampling it `sample_s` at a time."""
+    ``$SG_OPT_QUIET_WAIT_S``, else 60 s) for the load to drop, sampling it `sample_s` (``$SG_OPT_LOAD_SAMPLE_S``,
+    else 0.5 s) at a time. A shorter sample tells less (its counts lose ``SLACK_TICKS`` per CPU plus two to
+    rounding): 0.1 s on 2 CPUs reads a busy loop of one CPU as 0.6."""
 
     limit_cpus: float = field(default_factory=_limit_cpus)
     wait_s: float = field(default_factory=_quiet_wait_s)
-    sample_s: float = 0.5
+    sample_s: float = field(default_factory=_sample_s)
     reruns: int | None = None
 
 

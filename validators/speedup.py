@@ -112,7 +112,7 @@ import numpy as np
 from targets.worker_protocol import Failure, WorkerRequest
 from validators.ab_result import ABResult, NoiseFloor, SideSummary, spec_digest
 from validators.ab_runner import ABRunner, Block
-from validators.machine_load import LoadPolicy, LoadRecord, other_runs, snapshot, wait_for_quiet
+from validators.machine_load import SNAPSHOT_S, LoadPolicy, LoadRecord, other_runs, snapshot, wait_for_quiet
 from targets.machine_lease import WAIT_S, Lease, LeaseTimeout, device_keys
 from validators.started_ahead import WorkerPool
 from validators.timing_worker import Side, SideFailed, shared_cpus
@@ -261,10 +261,11 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                 except LeaseTimeout as exc:
                     record.unlocked = str(exc)
             gpus = [key.split(":", 1)[1] for key in keys if key.startswith("cuda:")]
-            # who keeps the machine busy (0.25 s), counted during the first load sample (0.5 s): both only read
-            # /proc, and one after the other they idled 0.75 s before every measurement's blocks
+            # who keeps the machine busy (0.25 s, or the sample's stretch if shorter), counted during the first
+            # load sample (0.5 s): both only read /proc, and one after the other they idled 0.75 s before every
+            # measurement's blocks
             with ThreadPoolExecutor(1, thread_name_prefix="snapshot") as beside:
-                before = beside.submit(snapshot, gpus)
+                before = beside.submit(snapshot, gpus, min(SNAPSHOT_S, load_policy.sample_s))
                 record.beside_runs = len(other_runs())
                 record.outside_before, record.gpu_before, record.waited_s = wait_for_quiet(runner.meter, gpus,
                                                                                            load_policy)

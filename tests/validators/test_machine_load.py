@@ -15,9 +15,9 @@ import pytest
 from targets.worker_protocol import WorkerRequest
 from validators.ab_runner import Block
 from validators.ab_stats import block_order
-from validators.machine_load import (TICK_S, LoadMeter, LoadPolicy, LoadRecord, MachineSnapshot, ProcessLoad,
-                                     Reading, after_steady_load, busy_ticks, gpu_busy, gpu_users, outside_cpus,
-                                     pooled_load, process_ticks, snapshot, wait_for_quiet)
+from validators.machine_load import (SAMPLE_ENV, TICK_S, LoadMeter, LoadPolicy, LoadRecord, MachineSnapshot,
+                                     ProcessLoad, Reading, after_steady_load, busy_ticks, gpu_busy, gpu_users,
+                                     outside_cpus, pooled_load, process_ticks, snapshot, wait_for_quiet)
 from targets.machine_lease import LOCK_DIR_ENV, machine_lease, run_presence, runs_present
 from validators.speedup import measure_ab, run_pairs
 
@@ -246,6 +246,16 @@ def test_a_busy_loop_on_the_measured_cpu_flags_the_pairs():
     # the scheduler split it unevenly between a pair's blocks, as pairs run again
     assert load.steady_cpus > load.limit_cpus or load.reruns >= 1
     assert result.load_note()
+
+
+def test_the_sample_before_the_blocks_is_half_a_second_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv(SAMPLE_ENV, raising=False)
+    assert LoadPolicy().sample_s == 0.5
+    monkeypatch.setenv(SAMPLE_ENV, "0.1")
+    assert LoadPolicy().sample_s == 0.1 and LoadPolicy(sample_s=0.3).sample_s == 0.3
+    monkeypatch.setenv(SAMPLE_ENV, "soon")
+    with pytest.raises(ValueError, match="SG_OPT_LOAD_SAMPLE_S must be a number of seconds, not 'soon'"):
+        LoadPolicy()
 
 
 def test_a_wait_outlasted_by_steady_load_drops_the_later_waits_and_keeps_the_limits():
