@@ -13,6 +13,7 @@ import typer
 from sg_opt.cli_common import err_console, global_options
 from sg_opt.commands import bench, gate, optimize, profile, report, targets
 from targets.machine_lease import run_presence
+from targets.protocol import ConfigError
 
 MEASURING = ("optimize", "bench", "profile", "gate")  # the commands that time workloads on this machine
 
@@ -62,6 +63,9 @@ def main() -> None:
     except Stopped as stop:
         err_console.print(stop_message(stop.args[0], sys.argv[1:]))
         sys.exit(128 + stop.args[0])
+    except ConfigError as exc:  # one found where no command catches it, e.g. a bad SG_OPT_* setting
+        err_console.print(f"error: {exc}")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

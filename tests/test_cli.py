@@ -1,6 +1,7 @@
 """The CLI as a user meets it: tables, JSON, and one-sentence errors with exit code 2."""
 
 import json
+import os
 import re
 import signal
 import statistics
@@ -114,6 +115,20 @@ def test_bench_bad_ranks_is_one_sentence_exit_2(args, words):
 def _write_xc(path, lines):
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+@pytest.mark.parametrize("setting,sentence", [
+    ("SG_OPT_LOAD_SAMPLE_S=0", "SG_OPT_LOAD_SAMPLE_S must be a positive number of seconds, not 0"),
+    ("SG_OPT_QUIET_WAIT_S=soon", "SG_OPT_QUIET_WAIT_S must be a number of seconds, not 'soon'")])
+def test_a_bad_load_setting_in_the_environment_is_one_sentence_exit_2(tmp_path, setting, sentence):
+    """Read where the measurement starts, deep in a command: the CLI's entry point says it in one sentence."""
+    (tmp_path / "fine.toml").write_text('behaviour = "ok"\n')
+    name, value = setting.split("=")
+    done = subprocess.run([sys.executable, "-m", "sg_opt.cli", "bench", "--target", FAULTY, "--size", "tiny", "--vs",
+                           str(tmp_path / "fine.toml"), "--blocks", "2"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, name: value})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"error: {sentence}" in done.stderr and "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.slow

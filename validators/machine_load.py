@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from pydantic import BaseModel, Field
 
 from targets.machine_lease import runs_present
+from targets.protocol import ConfigError
 from targets.worker_client import descendants, parent_of
 
 PROC = Path("/proc")
@@ -157,11 +158,12 @@ LOAD_LIMIT_ENV = "SG_OPT_LOAD_LIMIT_CPUS"  # the outside load a block may see (a
 
 
 def _env_number(name: str, default: float, unit: str) -> float:
+    """A setting from the environment; a bad one is the user's ``ConfigError`` (one sentence, exit 2)."""
     value = os.environ.get(name) or str(default)
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"{name} must be a number of {unit}, not {value!r}") from None
+        raise ConfigError(f"{name} must be a number of {unit}, not {value!r}") from None
 
 
 def _quiet_wait_s() -> float:
@@ -169,7 +171,10 @@ def _quiet_wait_s() -> float:
 
 
 def _sample_s() -> float:
-    return _env_number(SAMPLE_ENV, 0.5, "seconds")
+    seconds = _env_number(SAMPLE_ENV, 0.5, "seconds")
+    if seconds <= 0:  # a reading over no time divides by it
+        raise ConfigError(f"{SAMPLE_ENV} must be a positive number of seconds, not {seconds:g}")
+    return seconds
 
 
 def _limit_cpus() -> float:

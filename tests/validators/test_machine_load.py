@@ -19,6 +19,7 @@ from validators.machine_load import (SAMPLE_ENV, TICK_S, LoadMeter, LoadPolicy, 
                                      ProcessLoad, Reading, after_steady_load, busy_ticks, gpu_busy, gpu_users,
                                      outside_cpus, pooled_load, process_ticks, snapshot, wait_for_quiet)
 from targets.machine_lease import LOCK_DIR_ENV, machine_lease, run_presence, runs_present
+from targets.protocol import ConfigError
 from validators.speedup import measure_ab, run_pairs
 
 
@@ -254,7 +255,10 @@ def test_the_sample_before_the_blocks_is_half_a_second_unless_the_environment_sa
     monkeypatch.setenv(SAMPLE_ENV, "0.1")
     assert LoadPolicy().sample_s == 0.1 and LoadPolicy(sample_s=0.3).sample_s == 0.3
     monkeypatch.setenv(SAMPLE_ENV, "soon")
-    with pytest.raises(ValueError, match="SG_OPT_LOAD_SAMPLE_S must be a number of seconds, not 'soon'"):
+    with pytest.raises(ConfigError, match="SG_OPT_LOAD_SAMPLE_S must be a number of seconds, not 'soon'"):
+        LoadPolicy()
+    monkeypatch.setenv(SAMPLE_ENV, "0")
+    with pytest.raises(ConfigError, match="SG_OPT_LOAD_SAMPLE_S must be a positive number of seconds, not 0"):
         LoadPolicy()
 
 
