@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from sg_opt.cli_common import err_console, global_options
+from sg_opt.cli_common import EXIT_USAGE, err_console, global_options, say_error
 from sg_opt.commands import bench, gate, optimize, profile, report, targets
 from targets.machine_lease import run_presence
 from targets.protocol import ConfigError
@@ -64,8 +64,8 @@ def main() -> None:
         err_console.print(stop_message(stop.args[0], sys.argv[1:]))
         sys.exit(128 + stop.args[0])
     except ConfigError as exc:  # one found where no command catches it, e.g. a bad SG_OPT_* setting
-        err_console.print(f"error: {exc}")
-        sys.exit(2)
+        say_error(str(exc))
+        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":

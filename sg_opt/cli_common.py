@@ -37,12 +37,17 @@ class Verbosity:
 verbosity = Verbosity()
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> None:
+def say_error(message: str) -> None:
+    """The one-sentence error on stderr, with the chain behind it under --verbose."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # a message's [brackets] are text
     handling = sys.exc_info()[1]
     if verbosity.verbose and handling is not None:  # the chain behind the sentence (e.g. a target's import error)
         err_console.print("".join(traceback.format_exception(handling)), highlight=False, markup=False, end="",
                           soft_wrap=True)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    say_error(message)
     raise typer.Exit(code)
 
 

@@ -157,13 +157,16 @@ SAMPLE_ENV = "SG_OPT_LOAD_SAMPLE_S"  # the stretch one reading before the blocks
 LOAD_LIMIT_ENV = "SG_OPT_LOAD_LIMIT_CPUS"  # the outside load a block may see (a user's knowingly busy machine)
 
 
-def _env_number(name: str, default: float, unit: str) -> float:
+def _env_number(name: str, default: float, unit: str, positive: bool = False) -> float:
     """A setting from the environment; a bad one is the user's ``ConfigError`` (one sentence, exit 2)."""
     value = os.environ.get(name) or str(default)
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ConfigError(f"{name} must be a number of {unit}, not {value!r}") from None
+    if positive and number <= 0:
+        raise ConfigError(f"{name} must be a positive number of {unit}, not {number:g}")
+    return number
 
 
 def _quiet_wait_s() -> float:
@@ -171,10 +174,7 @@ def _quiet_wait_s() -> float:
 
 
 def _sample_s() -> float:
-    seconds = _env_number(SAMPLE_ENV, 0.5, "seconds")
-    if seconds <= 0:  # a reading over no time divides by it
-        raise ConfigError(f"{SAMPLE_ENV} must be a positive number of seconds, not {seconds:g}")
-    return seconds
+    return _env_number(SAMPLE_ENV, 0.5, "seconds", positive=True)  # a reading over no time divides by it
 
 
 def _limit_cpus() -> float:

@@ -262,8 +262,8 @@ def measure_ab(a: WorkerRequest, b: WorkerRequest, blocks: int, steps_per_block:
                     record.unlocked = str(exc)
             gpus = [key.split(":", 1)[1] for key in keys if key.startswith("cuda:")]
             # who keeps the machine busy (0.25 s, or the sample's stretch if shorter), counted during the first
-            # load sample (0.5 s): both only read /proc, and one after the other they idled 0.75 s before every
-            # measurement's blocks
+            # load sample (0.5 s by default): both only read /proc, and one after the other they idled 0.75 s
+            # before every measurement's blocks
             with ThreadPoolExecutor(1, thread_name_prefix="snapshot") as beside:
                 before = beside.submit(snapshot, gpus, min(SNAPSHOT_S, load_policy.sample_s))
                 record.beside_runs = len(other_runs())
